@@ -1,0 +1,53 @@
+"""Matmuls over packed weights, with the strategy (how the blocks are read) as a switch.
+
+- packed_dot: reads the blocks inside the matmul; each part of a block (a nibble plane, ...) is multiplied with the
+  matching slice of the activations and everything is summed in one reduce: for Q4_0, sum((nib-8)*x*scale).
+- fused: the full dequantize expression (nibbles interleaved back into logical order) inside the matmul.
+- dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
+"""
+from tinygrad import Tensor, dtypes
+from quant.blockformat import BlockFormat
+from quant.qtensor import QTensor
+
+STRATEGIES = ("packed_dot", "fused", "dequant_cache")
+
+def packed_dot(fmt: BlockFormat, blocks: Tensor, x: Tensor, sel: Tensor | None = None) -> Tensor:
+  """blocks [..., O, nb, block_bytes], x [..., in] (leading dims broadcast) -> [..., O].
+  With sel [..., k], blocks are [experts, O, nb, block_bytes] and only the selected experts are read."""
+  weights = [part.value() for part in fmt.parts(blocks)]
+  # gather per part: a gather of the blocks themselves, read by every part, would be copied out in a kernel of its own
+  if sel is not None: weights = [w[sel] for w in weights]
+  acc = sum(w * xk for w, xk in zip(weights, fmt.split(x.unsqueeze(-2))))
+  assert isinstance(acc, Tensor)
+  return acc.sum(axis=tuple(range(acc.ndim - len(fmt.layout), acc.ndim)))
+
+def dense_dot(w: Tensor, x: Tensor) -> Tensor:
+  """w [..., O, in], x [..., in] -> [..., O]"""
+  return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
+
+class _PackedWeight:
+  def __init__(self, weight: QTensor, strategy: str):
+    if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    self.weight, self.strategy = weight, strategy
+    self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
+
+  def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
+    if self.strategy == "packed_dot": return packed_dot(self.weight.format, self.weight.blocks, x, sel)
+    w = self.weight.dequantize() if self.cache is None else self.cache
+    return dense_dot(w if sel is None else w[sel], x)
+
+class QuantLinear(_PackedWeight):
+  """y = x @ W.T (+ bias) with W [out, in] kept packed."""
+  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot"):
+    super().__init__(weight, strategy)
+    self.bias = bias
+
+  def __call__(self, x: Tensor) -> Tensor:
+    y = self._matmul(x)
+    return y if self.bias is None else y + self.bias
+
+class QuantExperts(_PackedWeight):
+  """Expert-indexed matmul over W [experts, out, in]: only the k selected experts' weights are read."""
+  def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
+    """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
+    return self._matmul(x, sel)

@@ -1,0 +1,76 @@
+"""Matmul strategies and the expert-indexed variant against float64 numpy on the dequantized weights."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T, quants
+from tinygrad import GlobalCounters, Tensor, TinyJit, dtypes
+from quant.formats import FORMATS
+from quant.linear import STRATEGIES, QuantExperts, QuantLinear
+from quant.qtensor import QTensor
+from quant.random_blocks import random_blocks
+from experiments.kernels import count_kernels
+
+OUT, IN = 48, 512
+
+def reference_weights(raw: np.ndarray, t: T, shape: tuple[int, ...], strategy: str) -> np.ndarray:
+  w = quants.dequantize(raw, t).reshape(shape).astype(np.float64)
+  # dequant_cache keeps an fp16 copy: its exact answer is the one on fp16-rounded weights
+  return w.astype(np.float16).astype(np.float64) if strategy == "dequant_cache" else w
+
+def assert_fp32_close(got: np.ndarray, want: np.ndarray, bound: np.ndarray, msg: str):
+  """fp32 accumulation error grows with sum |x*w|, the bound given here."""
+  np.testing.assert_array_less(np.abs(got - want), 2e-5 * bound + 1e-30, err_msg=msg)
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", FORMATS, ids=lambda t: t.name)
+def test_linear(t: T, strategy: str, rng: np.random.Generator):
+  raw = random_blocks(t, (OUT, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (OUT, IN), strategy)
+  lin = QuantLinear(QTensor.from_bytes(raw, t, (OUT, IN)), bias=Tensor(bias := rng.standard_normal(OUT).astype(np.float32)), strategy=strategy)
+  for batch in [(1,), (3,), (2, 3)]:   # matvec, small-batch matmul, batch x sequence
+    x = rng.standard_normal((*batch, IN)).astype(np.float32)
+    got = lin(Tensor(x)).numpy()
+    assert got.shape == (*batch, OUT)
+    assert_fp32_close(got, x @ w.T + bias, np.abs(x) @ np.abs(w).T + np.abs(bias), f"{t.name} {strategy} batch {batch}")
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4, T.F16], ids=lambda t: t.name)
+def test_matvec_is_one_kernel(t: T, strategy: str, rng: np.random.Generator):
+  """The kernel count of each strategy's matvec in JIT steady state: one kernel, the dequantize fused into the reduce."""
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (OUT, IN), rng), t, (OUT, IN)), strategy=strategy)
+  jit = TinyJit(lambda x: lin(x).realize())
+  for _ in range(3): jit(Tensor.randn(1, IN).realize())
+  assert count_kernels(jit) == 1
+
+E, K = 6, 2
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_K, T.MXFP4, T.BF16], ids=lambda t: t.name)
+def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Generator):
+  raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (E, OUT, IN), strategy)
+  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), strategy=strategy)
+  sel = np.stack([rng.choice(E, size=K, replace=False) for _ in range(3)]).astype(np.int32)   # 3 tokens, k experts each
+  for x in [rng.standard_normal((3, 1, IN)), rng.standard_normal((3, K, IN))]:   # one input for all k, or one per expert
+    x = x.astype(np.float32)
+    got = experts(Tensor(x), Tensor(sel)).numpy()
+    want = np.stack([np.stack([w[e] @ x[i, min(j, x.shape[1] - 1)] for j, e in enumerate(row)]) for i, row in enumerate(sel)])
+    bound = np.stack([np.stack([np.abs(w[e]) @ np.abs(x[i, min(j, x.shape[1] - 1)]) for j, e in enumerate(row)]) for i, row in enumerate(sel)])
+    assert got.shape == (3, K, OUT)
+    assert_fp32_close(got, want, bound, f"{t.name} {strategy} x {x.shape}")
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
+  """Every strategy reads only the k selected experts (packed, or from the fp16 cache), in a single kernel."""
+  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_0, (16, OUT, IN), rng), T.Q4_0, (16, OUT, IN)), strategy=strategy)
+  jit = TinyJit(lambda x, sel: experts(x, sel).realize())
+  x, sel = Tensor.randn(1, 1, IN).realize(), Tensor([[3, 11]], dtype=dtypes.int32).realize()
+  for _ in range(3): jit(x, sel)
+  GlobalCounters.reset()
+  jit(x, sel)
+  one_expert = OUT * IN * 2 if strategy == "dequant_cache" else OUT * IN // 32 * 18
+  assert GlobalCounters.global_mem < 2.5 * one_expert, f"read {GlobalCounters.global_mem} bytes, one expert is {one_expert}"
+  assert count_kernels(jit) == 1
+
+def test_unknown_strategy(rng: np.random.Generator):
+  with pytest.raises(ValueError, match="unknown matmul strategy 'nope'"):
+    QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (OUT, IN), rng), T.Q4_0, (OUT, IN)), strategy="nope")
