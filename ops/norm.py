@@ -1,0 +1,12 @@
+"""RMS normalisation over the last axis.
+
+The statistics and the weight multiply run in float32 whatever x's dtype; the result is cast back to x's dtype.
+Models whose weight is stored as an offset (Gemma's `1 + w`) pass the already-offset weight.
+"""
+from tinygrad import Tensor, dtypes
+
+def rms_norm(x: Tensor, weight: Tensor|None, eps: float) -> Tensor:
+  xf = x.cast(dtypes.float32)
+  out = xf * (xf.square().mean(axis=-1, keepdim=True) + eps).rsqrt()
+  if weight is not None: out = out * weight.cast(dtypes.float32)
+  return out.cast(x.dtype)

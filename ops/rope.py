@@ -1,0 +1,60 @@
+"""Rotary position embeddings.
+
+`rope_tables` returns cos and sin, each [max_pos, rot_dims//2] float32 on the device; column i is the pair rotated at
+frequency base^(-2i/rot_dims). Slice the rows of the current positions (`cos[start_pos:start_pos+T]`, a symbolic
+start_pos works) and pass them to `apply_rope` with x laid out [B, H, T, D]. Only the first rot_dims = 2*cos.shape[-1]
+channels rotate (partial rotary); the remaining D - rot_dims pass through.
+
+Pairing: `interleaved=False` rotates (x[i], x[i + rot_dims/2]) (NEOX, half-split); `interleaved=True` rotates
+(x[2i], x[2i+1]) (llama.cpp's normal mode).
+
+YaRN as llama.cpp's ggml rope computes it, with freq_scale = 1/factor: the correction dims [low, high] are the pair
+indices that make beta_fast and beta_slow turns over orig_ctx positions; pair i takes the angle
+theta_extrap * (freq_scale*(1 - mix) + mix) where mix = ext_factor * ramp(i) and ramp falls linearly from 1 (i <= low)
+to 0 (i >= high). cos and sin are multiplied by attn_factor, and by (1 + 0.1*ln(factor)) when ext_factor != 0.
+ext_factor=0 is plain linear (position interpolation) scaling.
+The tables are built host-side in float64 once, so long contexts keep exact angles.
+"""
+import math
+from dataclasses import dataclass
+import numpy as np
+from tinygrad import Tensor
+
+@dataclass(frozen=True)
+class Yarn:
+  factor: float
+  orig_ctx: int
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  ext_factor: float = 1.0
+  attn_factor: float = 1.0
+
+  def corr_dims(self, rot_dims: int, base: float) -> tuple[float, float]:
+    # the pair index whose wavelength fits n_rot times into orig_ctx
+    def dim(n_rot: float) -> float: return rot_dims * math.log(self.orig_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+    return max(0.0, math.floor(dim(self.beta_fast))), min(rot_dims - 1.0, math.ceil(dim(self.beta_slow)))
+
+  @property
+  def mscale(self) -> float: return self.attn_factor * (1 + 0.1 * math.log(self.factor) if self.ext_factor != 0 else 1.0)
+
+def _frequencies(rot_dims: int, base: float, yarn: Yarn|None) -> np.ndarray:
+  freqs = base ** (-np.arange(0, rot_dims, 2, dtype=np.float64) / rot_dims)
+  if yarn is None: return freqs
+  low, high = yarn.corr_dims(rot_dims, base)
+  mix = yarn.ext_factor * (1 - np.clip((np.arange(rot_dims // 2) - low) / max(0.001, high - low), 0, 1))
+  return freqs * ((1 - mix) / yarn.factor + mix)
+
+def rope_tables(rot_dims: int, base: float, max_pos: int, yarn: Yarn|None = None, device: str|None = None) -> tuple[Tensor, Tensor]:
+  if rot_dims % 2: raise ValueError(f"rot_dims must be even, got {rot_dims}")
+  theta = np.outer(np.arange(max_pos, dtype=np.float64), _frequencies(rot_dims, base, yarn))
+  mscale = 1.0 if yarn is None else yarn.mscale
+  cos, sin = (Tensor((f(theta) * mscale).astype(np.float32), device=device) for f in (np.cos, np.sin))
+  return cos.realize(), sin.realize()
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+  half = cos.shape[-1]
+  pair_axis = -1 if interleaved else -2
+  x1, x2 = x[..., :2*half].unflatten(-1, (half, 2) if interleaved else (2, half)).split(1, pair_axis)
+  cos, sin = cos.unsqueeze(pair_axis), sin.unsqueeze(pair_axis)
+  rotated = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=pair_axis).flatten(-2).cast(x.dtype)
+  return rotated.cat(x[..., 2*half:], dim=-1) if 2*half < x.shape[-1] else rotated

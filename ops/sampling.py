@@ -1,0 +1,87 @@
+"""Next-token sampling on the device, with the randomness drawn on the host.
+
+Pipeline over logits [V], in llama.cpp's default order:
+  1. repeat penalty: each distinct token among the recent ones has a positive logit divided by the penalty and a
+     non-positive one multiplied by it;
+  2. temperature == 0: argmax, done;
+  3. top-k: keep the logits >= the k-th largest;
+  4. top-p: with probabilities at temperature 1 over the kept tokens, keep the most probable ones until their mass
+     reaches top_p;
+  5. softmax(logits / temperature) over the kept tokens and an inverse-CDF draw: the token, in vocabulary order, whose
+     cumulative-probability interval contains u * total, for a uniform u in [0, 1).
+top_k=0 (or >= V), top_p=1 and repeat_penalty=1 switch their step off. Ties at a top-k or top-p boundary are all kept.
+
+`sample` is a deterministic function of (logits, u, recent); `Sampler` owns the seeded numpy Generator that draws u, the
+window of recent tokens, and a TinyJit of `sample`. The same seed and the same logits give the same tokens.
+The top-k and top-p thresholds come from a multi-way search over the logit range instead of a sort of the vocabulary:
+each pass tests _WAYS thresholds at once and keeps the highest that still passes, so the threshold is exact unless two
+logits lie within range / _WAYS**_PASSES of each other (then the lower one is kept too).
+"""
+import collections
+import functools
+from dataclasses import dataclass
+from typing import Callable
+import numpy as np
+from tinygrad import Tensor, TinyJit, dtypes
+
+_WAYS, _PASSES = 32, 7
+
+@dataclass(frozen=True)
+class SamplerParams:
+  temperature: float = 0.8
+  top_k: int = 40
+  top_p: float = 0.95
+  repeat_penalty: float = 1.0
+  repeat_last_n: int = 64
+
+  def __post_init__(self):
+    if not self.temperature >= 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not self.top_k >= 0: raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if not self.repeat_penalty > 0: raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+    if not self.repeat_last_n >= 0: raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+
+def penalize(logits: Tensor, recent: Tensor, penalty: float) -> Tensor:
+  """recent [n] int32 token ids, -1 marks an empty slot."""
+  seen = (recent.unsqueeze(-1) == Tensor.arange(logits.shape[-1])).any(axis=0)
+  return seen.where((logits > 0).where(logits / penalty, logits * penalty), logits)
+
+def _raise_floor(logits: Tensor, floor: Tensor, enough: Callable[[Tensor], Tensor]) -> Tensor:
+  """The highest threshold t >= floor where enough(logits >= t) holds (floor itself if none); enough maps masks [M, V] to [M]."""
+  width = logits.max() + 1 - floor
+  for _ in range(_PASSES):
+    cands = floor + width * Tensor.arange(_WAYS) / _WAYS
+    floor = enough(logits >= cands.unsqueeze(-1)).where(cands, floor).max()
+    width = width / _WAYS
+  return floor
+
+def sample(logits: Tensor, u: Tensor, recent: Tensor|None, params: SamplerParams) -> Tensor:
+  """logits [V], u [1] uniform in [0, 1), recent [n] int32 or None -> token id, an int32 scalar."""
+  logits = logits.cast(dtypes.float32)
+  if recent is not None and params.repeat_penalty != 1: logits = penalize(logits, recent, params.repeat_penalty)
+  if params.temperature == 0: return logits.argmax()
+  floor = logits.isinf().where(float("inf"), logits).min()  # banned (-inf) tokens must not stretch the search range
+  if 0 < params.top_k < logits.shape[-1]: floor = _raise_floor(logits, floor, lambda keep: keep.sum(axis=-1) >= params.top_k)
+  if params.top_p < 1:
+    probs = (logits >= floor).where(logits, -float("inf")).softmax(-1)
+    floor = _raise_floor(logits, floor, lambda keep: keep.where(probs, 0).sum(axis=-1) >= params.top_p)
+  cdf = (logits >= floor).where(logits / params.temperature, -float("inf")).softmax(-1).cumsum(-1)
+  return (cdf <= u * cdf[-1]).sum().cast(dtypes.int32)
+
+class Sampler:
+  def __init__(self, params: SamplerParams, seed: int|None = None):
+    self.params, self.rng = params, np.random.default_rng(seed)
+    self.recent: collections.deque[int] = collections.deque(maxlen=params.repeat_last_n)
+    self._sample = TinyJit(functools.partial(sample, params=params))
+
+  def accept(self, token: int):
+    """Record a token (prompt or generated) for the repeat penalty."""
+    self.recent.append(token)
+
+  def __call__(self, logits: Tensor) -> int:
+    n = self.params.repeat_last_n
+    recent = Tensor(list(self.recent) + [-1] * (n - len(self.recent)), dtype=dtypes.int32, device=logits.device) if n else None
+    u = Tensor(self.rng.random(1, dtype=np.float32), device=logits.device)
+    token = int(self._sample(logits.contiguous(), u, recent).item())
+    self.accept(token)
+    return token

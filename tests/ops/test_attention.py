@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+from tinygrad import Tensor, TinyJit, UOp
+from ops.attention import KVCache, attention
+
+B, HQ, HKV, D, DV = 2, 4, 2, 8, 6
+
+def ref_attention(q, k, v, start_pos, scale, window=None, sinks=None, softcap=None) -> np.ndarray:
+  """Float64 attention with kv heads repeated per query group and the sink as an extra softmax column."""
+  q, k, v = (a.astype(np.float64) for a in (q, k, v))
+  k, v = np.repeat(k, q.shape[1] // k.shape[1], axis=1), np.repeat(v, q.shape[1] // v.shape[1], axis=1)
+  logits = np.einsum("bhtd,bhsd->bhts", q, k) * scale
+  if softcap is not None: logits = softcap * np.tanh(logits / softcap)
+  i, j = start_pos + np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None]
+  visible = (j <= i) & ((j > i - window) if window is not None else True)
+  logits = np.where(visible, logits, -np.inf)
+  if sinks is not None: logits = np.concatenate([logits, np.broadcast_to(sinks[None, :, None, None], logits.shape[:3] + (1,))], axis=-1)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p = (p / p.sum(-1, keepdims=True))[..., :k.shape[2]]
+  return p @ v
+
+def qkv(rng: np.random.Generator, T: int, S: int) -> tuple[np.ndarray, ...]:
+  return tuple(rng.normal(size=s).astype(np.float32) for s in ((B, HQ, T, D), (B, HKV, S, D), (B, HKV, S, DV)))
+
+@pytest.mark.parametrize("features", [{}, {"window": 3}, {"sinks": True}, {"softcap": 2.0}, {"window": 2, "sinks": True, "softcap": 3.0}],
+                         ids=["gqa-causal", "window", "sinks", "softcap", "all"])
+def test_attention(seed, rng, features):
+  # 4 queries at positions 5..8 over 9 keys: the causal mask is offset by start_pos
+  q, k, v = qkv(rng, 4, 9)
+  sinks = rng.normal(size=HQ).astype(np.float32) * 2 if features.get("sinks") else None
+  kw = {"window": features.get("window"), "softcap": features.get("softcap")}
+  out = attention(Tensor(q), Tensor(k), Tensor(v), 5, scale=D ** -0.5, sinks=None if sinks is None else Tensor(sinks), **kw)
+  ref = ref_attention(q, k, v, 5, D ** -0.5, sinks=sinks, **kw)
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5, err_msg=f"{features} seed={seed}")
+
+def test_attention_rejects_uneven_groups():
+  with pytest.raises(ValueError): attention(Tensor.zeros(1, 3, 1, D), Tensor.zeros(1, 2, 1, D), Tensor.zeros(1, 2, 1, D), 0, scale=1.0)
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_kv_cache_prefill_then_decode(seed, rng, jit):
+  """Prefill 5 tokens, then feed the rest through the cache (eager: a 3-token chunk and 1 token; TinyJit: 1 token per call with a
+  symbolic start_pos); every output row equals full-sequence attention over all 9 tokens."""
+  chunks, max_ctx, window, scale = [5, 1, 1, 1, 1] if jit else [5, 3, 1], 16, 4, D ** -0.5
+  q, k, v = qkv(rng, sum(chunks), sum(chunks))
+  sinks = rng.normal(size=HQ).astype(np.float32)
+  cache, tsinks = KVCache(B, HKV, max_ctx, D, DV), Tensor(sinks)
+
+  def step(q: Tensor, k: Tensor, v: Tensor, start_pos) -> Tensor:
+    ks, vs = cache.update(k, v, start_pos)
+    return attention(q, ks, vs, start_pos, scale=scale, window=window, sinks=tsinks).realize()
+  decode = TinyJit(step) if jit else step
+
+  outs, p = [], 0
+  for i, n in enumerate(chunks):
+    start_pos = UOp.variable("start_pos", 0, max_ctx - 1).bind(p) if jit and i else p
+    outs.append((decode if i else step)(*(Tensor(a[:, :, p:p + n]) for a in (q, k, v)), start_pos).numpy())
+    p += n
+  ref = ref_attention(q, k, v, 0, scale, window=window, sinks=sinks)
+  np.testing.assert_allclose(np.concatenate(outs, axis=2), ref, rtol=1e-4, atol=1e-5, err_msg=f"{jit=} seed={seed}")

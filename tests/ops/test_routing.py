@@ -1,0 +1,41 @@
+import numpy as np
+import pytest
+from tinygrad import Tensor
+from ops.routing import Gating, route
+
+N_EXPERTS, K = 16, 4
+
+def softmax(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+def ref_route(logits, gating, bias=None, renorm=False, scale=1.0) -> tuple[np.ndarray, np.ndarray]:
+  logits = logits.astype(np.float64)
+  scores = {Gating.SOFTMAX: softmax(logits), Gating.TOPK_SOFTMAX: logits, Gating.SIGMOID: 1 / (1 + np.exp(-logits))}[gating]
+  choice = scores if bias is None else scores + bias
+  experts = np.argsort(-choice, axis=-1, kind="stable")[..., :K]
+  weights = np.take_along_axis(scores, experts, axis=-1)
+  if gating is Gating.TOPK_SOFTMAX: weights = softmax(weights)
+  if renorm: weights = weights / weights.sum(-1, keepdims=True)
+  return weights * scale, experts
+
+CASES = {
+  "mixtral": dict(gating=Gating.SOFTMAX, renorm=True),
+  "deepseek-v2": dict(gating=Gating.SOFTMAX, scale=16.0),
+  "gpt-oss": dict(gating=Gating.TOPK_SOFTMAX),
+  "deepseek-v3": dict(gating=Gating.SIGMOID, bias=True, renorm=True, scale=2.5),
+  "sigmoid-plain": dict(gating=Gating.SIGMOID),
+}
+
+# every mode with the default pairwise_topk, and the Tensor.topk switch on the most involved mode
+@pytest.mark.parametrize("case,use_tensor_topk", [(case, False) for case in CASES] + [("deepseek-v3", True)])
+def test_route(seed, rng, case, use_tensor_topk):
+  kw = dict(CASES[case])
+  logits = rng.normal(size=(3, N_EXPERTS)).astype(np.float32) * 2
+  # a bias on the scale of the sigmoid scores, so the biased choice differs from the unbiased ranking
+  bias = rng.normal(size=N_EXPERTS).astype(np.float32) if kw.pop("bias", False) else None
+  topk = {"topk": Tensor.topk} if use_tensor_topk else {}
+  weights, experts = route(Tensor(logits), K, bias=None if bias is None else Tensor(bias), **kw, **topk)
+  ref_weights, ref_experts = ref_route(logits, bias=bias, **kw)
+  np.testing.assert_array_equal(experts.numpy(), ref_experts, err_msg=f"{case} seed={seed}")
+  np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=1e-5, atol=1e-6, err_msg=f"{case} seed={seed}")
