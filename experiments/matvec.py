@@ -1,0 +1,26 @@
+"""`tinyzoo matvec`: one real weight per GGML type of a model, its matvec under each strategy, in JIT steady state."""
+import os
+from tinygrad import Device, Tensor, dtypes
+from quant.gguf_file import GGUFFile
+from quant.linear import STRATEGIES, QuantLinear
+from quant.formats import FORMATS
+from experiments.steady import steady_state
+
+def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int) -> None:
+  chosen = [s.strip() for s in strategies.split(",") if s.strip()]
+  if (bad := [s for s in chosen if s not in STRATEGIES]): raise ValueError(f"unknown strategy {bad[0]!r} (choose from {', '.join(STRATEGIES)})")
+  g = GGUFFile(path)
+  largest: dict = {}
+  for t in g.tensors.values():
+    if len(t.shape) == 2 and t.ggml_type in FORMATS and t.nbytes > getattr(largest.get(t.ggml_type), "nbytes", -1): largest[t.ggml_type] = t
+  print(f"model {os.path.basename(g.path)} on {Device.DEFAULT}, batch {batch}, median of {iters} JIT replays")
+  print(f"{'type':<6} {'tensor':<22} {'shape':>13} {'strategy':<14} {'kernels':>7} {'ms':>9} {'GB/s':>7}")
+  for info in sorted(largest.values(), key=lambda t: t.ggml_type.name):
+    w = g.load(info.name)
+    x = Tensor.randn(batch, info.shape[1], dtype=dtypes.float32).realize()
+    for s in chosen:
+      lin = QuantLinear(w, strategy=s)
+      m = steady_state(lin, x, iters=iters)
+      read = lin.cache.nbytes() if lin.cache is not None else w.nbytes
+      print(f"{info.ggml_type.name:<6} {info.name:<22} {'x'.join(map(str, info.shape)):>13} {s:<14} {m.kernels:>7} {m.median_ms:>9.3f} "
+            f"{read / m.median_ms / 1e6:>7.2f}", flush=True)

