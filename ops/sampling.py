@@ -72,7 +72,7 @@ class Sampler:
   def __init__(self, params: SamplerParams, seed: int|None = None):
     self.params, self.rng = params, np.random.default_rng(seed)
     self.recent: collections.deque[int] = collections.deque(maxlen=params.repeat_last_n)
-    self._sample = TinyJit(functools.partial(sample, params=params))
+    self.jit = TinyJit(functools.partial(sample, params=params))
 
   def accept(self, token: int):
     """Record a token (prompt or generated) for the repeat penalty."""
@@ -82,6 +82,6 @@ class Sampler:
     n = self.params.repeat_last_n
     recent = Tensor(list(self.recent) + [-1] * (n - len(self.recent)), dtype=dtypes.int32, device=logits.device) if n else None
     u = Tensor(self.rng.random(1, dtype=np.float32), device=logits.device)
-    token = int(self._sample(logits.contiguous(), u, recent).item())
+    token = int(self.jit(logits.contiguous(), u, recent).item())
     self.accept(token)
     return token

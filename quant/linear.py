@@ -6,6 +6,7 @@
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
 """
 from tinygrad import Tensor, dtypes
+from quant.activations import round_activations
 from quant.blockformat import BlockFormat
 from quant.qtensor import QTensor
 
@@ -26,20 +27,21 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
 class _PackedWeight:
-  def __init__(self, weight: QTensor, strategy: str):
+  def __init__(self, weight: QTensor, strategy: str, rounding: str):
     if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
-    self.weight, self.strategy = weight, strategy
+    self.weight, self.strategy, self.rounding = weight, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
 
   def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
+    x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.strategy == "packed_dot": return packed_dot(self.weight.format, self.weight.blocks, x, sel)
     w = self.weight.dequantize() if self.cache is None else self.cache
     return dense_dot(w if sel is None else w[sel], x)
 
 class QuantLinear(_PackedWeight):
   """y = x @ W.T (+ bias) with W [out, in] kept packed."""
-  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot"):
-    super().__init__(weight, strategy)
+  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact"):
+    super().__init__(weight, strategy, rounding)
     self.bias = bias
 
   def __call__(self, x: Tensor) -> Tensor:
@@ -48,6 +50,9 @@ class QuantLinear(_PackedWeight):
 
 class QuantExperts(_PackedWeight):
   """Expert-indexed matmul over W [experts, out, in]: only the k selected experts' weights are read."""
+  def __init__(self, weight: QTensor, strategy: str = "packed_dot", rounding: str = "exact"):
+    super().__init__(weight, strategy, rounding)
+
   def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
     return self._matmul(x, sel)

@@ -5,8 +5,7 @@ from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, resolve_mo
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
 
-class UsageError(Exception): pass
-USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, UsageError, ValueError)
+USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
 
@@ -17,6 +16,23 @@ def cmd_info(args) -> None:
 def cmd_matvec(args) -> None:
   from experiments.matvec import bench_model
   bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch)
+
+def cmd_run(args) -> None:
+  from tinyzoo.run import cmd_run as run
+  run(args)
+
+def cmd_logits(args) -> None:
+  from tinyzoo.run import cmd_logits as logits
+  logits(args)
+
+def add_model_options(s: argparse.ArgumentParser, rounding: str) -> None:
+  from quant.activations import ROUNDINGS
+  from quant.linear import STRATEGIES
+  s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
+  s.add_argument("--strategy", choices=STRATEGIES, default="packed_dot", help="how matmuls read the packed weights (default packed_dot)")
+  s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
+                 help=f"activations entering a quantized matmul: exact keeps fp32, ggml rounds them to 8 bits as llama.cpp's CPU matmuls do "
+                      f"(slower, but its logits compare with llama.cpp's) (default {rounding})")
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="tinyzoo", description="tinygrad model zoo and optimization lab for quantized GGUF models")
@@ -32,6 +48,34 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--iters", type=int, default=20, help="timed calls after warm-up (default 20)")
   s.add_argument("--batch", type=int, default=1, help="activation rows: 1 is a matvec (default 1)")
   s.set_defaults(fn=cmd_matvec)
+
+  s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",
+                     description="Prefills the prompt and decodes under TinyJit, streaming the text; the last line (stderr) gives prompt and "
+                                 "decode tok/s and the kernels one decoded token runs. Sampling defaults follow llama.cpp; "
+                                 "--temperature 0 is greedy.")
+  s.add_argument("model", nargs="?", help=MODEL_HELP)
+  s.add_argument("-p", "--prompt", required=True, help="the prompt text")
+  s.add_argument("-n", type=int, default=64, help="tokens to generate at most (default 64)")
+  s.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default 0.8)")
+  s.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens, 0 keeps all (default 40)")
+  s.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set with this much probability (default 0.95)")
+  s.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on the last 64 tokens, 1 is off (default 1.0)")
+  s.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
+  s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as one user turn")
+  add_model_options(s, "exact")
+  s.set_defaults(fn=cmd_run)
+
+  s = sub.add_parser("logits", help="top logits at the last prompt position and greedy tokens, for several prompts in one process",
+                     description="For each -p PROMPT or --tokens IDS, in order: its token ids, the top-K logits at the last prompt position and "
+                                 "the first N greedy tokens. The model loads and compiles once for all cases.")
+  s.add_argument("model", help=MODEL_HELP)
+  s.add_argument("-p", "--prompt", dest="cases", action="append", type=lambda v: ("prompt", v), help="a prompt (repeatable)")
+  s.add_argument("--tokens", dest="cases", action="append", type=lambda v: ("tokens", v), help="comma-separated token ids (repeatable)")
+  s.add_argument("--top", type=int, default=20, help="logits to report (default 20)")
+  s.add_argument("--greedy", type=int, default=4, help="greedy tokens to generate (default 4)")
+  s.add_argument("--json", action="store_true", help='print {"cases": [{"prompt", "tokens", "top", "greedy"}]}')
+  add_model_options(s, "ggml")
+  s.set_defaults(fn=cmd_logits)
   return p
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,88 @@
+"""The transformer pieces every dense architecture here is built from; architecture files only configure them."""
+from dataclasses import dataclass
+from typing import Callable
+from tinygrad import Tensor
+from tinygrad.uop.ops import sint
+from ops.attention import KVCache, attention
+from ops.norm import rms_norm
+from ops.rope import apply_rope
+from quant.linear import QuantLinear
+from quant.qtensor import QTensor
+from models.config import ModelConfig
+from models.weights import Weights
+
+@dataclass(frozen=True)
+class AttentionSpec:
+  """How one layer attends: its rope tables and pairing, window, query scale and whether q and k are normalized."""
+  rope: tuple[Tensor, Tensor]
+  interleaved: bool
+  scale: float
+  window: int | None = None
+  qk_norm: bool = False
+  softcap: float | None = None
+
+class Attention:
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
+    self.cfg, self.spec = cfg, spec
+    self.q = w.linear(f"{prefix}.attn_q", cfg.n_heads * cfg.head_dim, cfg.dim)
+    self.k = w.linear(f"{prefix}.attn_k", cfg.n_kv_heads * cfg.head_dim, cfg.dim)
+    self.v = w.linear(f"{prefix}.attn_v", cfg.n_kv_heads * cfg.v_head_dim, cfg.dim)
+    self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
+    self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
+    self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
+    self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, device=w.device)
+
+  def _heads(self, proj: QuantLinear, x: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
+    B, T, _ = x.shape
+    h = proj(x).reshape(B, T, n, d).transpose(1, 2)
+    if norm is not None: h = rms_norm(h, norm, self.cfg.norm_eps)
+    cos, sin = self.spec.rope
+    return apply_rope(h, cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], self.spec.interleaved)
+
+  def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
+    B, T, _ = x.shape
+    c = self.cfg
+    q = self._heads(self.q, x, c.n_heads, c.head_dim, self.q_norm, start_pos)
+    k = self._heads(self.k, x, c.n_kv_heads, c.head_dim, self.k_norm, start_pos)
+    v = self.v(x).reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
+    k, v = self.cache.update(k, v, start_pos)
+    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, softcap=self.spec.softcap)
+    return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
+
+class FeedForward:
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, activation: Callable[[Tensor, Tensor], Tensor]):
+    self.gate = w.linear(f"{prefix}.ffn_gate", cfg.ffn_dim, cfg.dim)
+    self.up = w.linear(f"{prefix}.ffn_up", cfg.ffn_dim, cfg.dim)
+    self.down = w.linear(f"{prefix}.ffn_down", cfg.dim, cfg.ffn_dim)
+    self.activation = activation
+
+  def __call__(self, x: Tensor) -> Tensor: return self.down(self.activation(self.gate(x), self.up(x)))
+
+class Block:
+  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma)."""
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Attention, ffn: FeedForward, sandwich: bool = False):
+    self.attn, self.ffn, self.eps = attn, ffn, cfg.norm_eps
+    self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.ffn_norm.weight", cfg.dim)
+    self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
+    self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
+
+  def _post(self, h: Tensor, norm: Tensor | None) -> Tensor: return h if norm is None else rms_norm(h, norm, self.eps)
+
+  def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
+    x = x + self._post(self.attn(rms_norm(x, self.attn_norm, self.eps), start_pos), self.post_attn_norm)
+    return x + self._post(self.ffn(rms_norm(x, self.ffn_norm, self.eps)), self.post_ffn_norm)
+
+class Transformer:
+  """Token ids [B, T] -> logits [B, vocab] at the last position."""
+  def __init__(self, w: Weights, cfg: ModelConfig, blocks: list[Block], embed_scale: float = 1.0):
+    self.cfg, self.blocks, self.embed_scale = cfg, blocks, embed_scale
+    self.embed: QTensor = w.table("token_embd.weight", cfg.vocab_size, cfg.dim)
+    self.output_norm = w.vector("output_norm.weight", cfg.dim)
+    self.lm_head = w.linear("output", cfg.vocab_size, cfg.dim) if w.has("output.weight") else w.over(self.embed)
+
+  def __call__(self, tokens: Tensor, start_pos: sint) -> Tensor:
+    x = self.embed.dequantize()[tokens]
+    if self.embed_scale != 1.0: x = x * self.embed_scale
+    for block in self.blocks: x = block(x, start_pos)
+    logits = self.lm_head(rms_norm(x[:, -1], self.output_norm, self.cfg.norm_eps))
+    return logits if self.cfg.final_softcap is None else (logits / self.cfg.final_softcap).tanh() * self.cfg.final_softcap

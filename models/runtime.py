@@ -1,0 +1,98 @@
+"""A loaded model ready to run: weights packed on the device, KV caches, and prefill/decode each captured once by
+TinyJit with a symbolic start position, so steady-state decode never recompiles."""
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+from tinygrad import Tensor, TinyJit, dtypes
+from tinygrad.uop.ops import UOp
+from experiments.kernels import count_kernels
+from models.config import ModelConfig
+from models.registry import builder_for
+from models.tokenizer import Tokenizer
+from models.weights import Weights
+from ops.sampling import Sampler
+from quant.gguf_file import GGUFFile
+
+DEFAULT_CONTEXT = 2048
+PREFILL_CHUNK = 32
+
+class ContextOverflow(ValueError): pass
+
+@dataclass
+class Timing:
+  prompt_tokens: int = 0
+  prompt_s: float = 0.0
+  decoded: int = 0
+  decode_s: float = 0.0
+  kernels_per_token: int = 0
+  steps: list[float] = field(default_factory=list)
+
+class Runtime:
+  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "ggml",
+               device: str | None = None, progress: bool = True):
+    self.gguf = GGUFFile(path)
+    build = builder_for(self.gguf)
+    self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
+    self.tokenizer = Tokenizer.from_gguf(self.gguf)
+    if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
+    self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
+    self.model = build(Weights(self.gguf, strategy, device, progress, rounding), self.cfg, self.max_context)
+    self.device = device
+    self._decode = TinyJit(self._forward)
+    self._prefill = TinyJit(self._forward)
+    self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
+    self._prefill_pos = UOp.variable("prefill_pos", 0, max(0, self.max_context - PREFILL_CHUNK))
+
+  def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
+
+  def _tokens(self, ids: list[int]) -> Tensor: return Tensor([ids], dtype=dtypes.int32, device=self.device).realize()
+
+  def check_fits(self, n_prompt: int, n_new: int = 0):
+    if n_prompt + n_new > self.max_context:
+      raise ContextOverflow(f"prompt of {n_prompt} tokens{f' plus {n_new} to generate' if n_new else ''} exceeds the context of "
+                            f"{self.max_context} tokens (--ctx, at most {self.cfg.context_length} for this model)")
+
+  def prefill(self, ids: list[int]) -> Tensor:
+    """Runs the prompt from position 0: whole chunks through the prefill JIT, the rest token by token. Returns the last logits."""
+    if not ids: raise ValueError("empty prompt")
+    self.check_fits(len(ids))
+    pos, logits = 0, None
+    while len(ids) - pos >= PREFILL_CHUNK:
+      logits = self._prefill(self._tokens(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
+      pos += PREFILL_CHUNK
+    for i in range(pos, len(ids)): logits = self.decode(ids[i], i)
+    assert logits is not None
+    return logits
+
+  def decode(self, token: int, pos: int) -> Tensor:
+    """Logits [1, vocab] after feeding `token` at position `pos`."""
+    return self._decode(self._tokens([token]), self._decode_pos.bind(pos))
+
+  def kernels_per_token(self, sampler: Sampler | None = None) -> int:
+    """Kernels one decoded token replays: the decode JIT plus the sampler's, once both have captured."""
+    n = count_kernels(self._decode) if self._decode.captured is not None else 0
+    return n + (count_kernels(sampler.jit) if sampler is not None and sampler.jit.captured is not None else 0)
+
+  def generate(self, ids: list[int], n: int, sampler: Sampler, timing: Timing | None = None) -> Iterator[int]:
+    """Yields up to n new tokens after the prompt, stopping after an end-of-generation token."""
+    self.check_fits(len(ids), n)
+    timing = timing or Timing()
+    for t in ids: sampler.accept(t)
+    t0 = time.perf_counter()
+    logits = self.prefill(ids)
+    timing.prompt_tokens, timing.prompt_s = len(ids), time.perf_counter() - t0
+    yield from self.continue_from(logits, len(ids), n, sampler, timing)
+
+  def continue_from(self, logits: Tensor, pos: int, n: int, sampler: Sampler, timing: Timing | None = None) -> Iterator[int]:
+    """Samples from `logits` (those of position pos-1), then decodes on: up to n tokens."""
+    timing = timing or Timing()
+    token = sampler(logits)
+    for i in range(n):
+      yield token
+      if token in self.tokenizer.stop_ids or i == n - 1: break
+      t0 = time.perf_counter()
+      token = sampler(self.decode(token, pos + i))
+      timing.steps.append(time.perf_counter() - t0)
+    timing.decoded, timing.decode_s = len(timing.steps), sum(timing.steps)
+    timing.kernels_per_token = self.kernels_per_token(sampler)
