@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 demo: setup
-	$(VENV)/bin/tinyzoo info
-	$(VENV)/bin/tinyzoo matvec
+	$(VENV)/bin/tinyzoo bench --tokens 32
+	$(VENV)/bin/tinyzoo run -p "The capital of France is" -n 32 --temperature 0
 
 test: setup
 	$(PY) -m pytest -q -n 2

@@ -6,7 +6,6 @@ from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
 from ops.norm import rms_norm
 from ops.rope import apply_rope
-from quant.linear import QuantLinear
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
@@ -24,17 +23,16 @@ class AttentionSpec:
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
     self.cfg, self.spec = cfg, spec
-    self.q = w.linear(f"{prefix}.attn_q", cfg.n_heads * cfg.head_dim, cfg.dim)
-    self.k = w.linear(f"{prefix}.attn_k", cfg.n_kv_heads * cfg.head_dim, cfg.dim)
-    self.v = w.linear(f"{prefix}.attn_v", cfg.n_kv_heads * cfg.v_head_dim, cfg.dim)
+    self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"], [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
+                                                                      cfg.n_kv_heads * cfg.v_head_dim], cfg.dim)
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, device=w.device)
 
-  def _heads(self, proj: QuantLinear, x: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
-    B, T, _ = x.shape
-    h = proj(x).reshape(B, T, n, d).transpose(1, 2)
+  def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
+    B, T, _ = h.shape
+    h = h.reshape(B, T, n, d).transpose(1, 2)
     if norm is not None: h = rms_norm(h, norm, self.cfg.norm_eps)
     cos, sin = self.spec.rope
     return apply_rope(h, cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], self.spec.interleaved)
@@ -42,15 +40,17 @@ class Attention:
   def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
     B, T, _ = x.shape
     c = self.cfg
-    q = self._heads(self.q, x, c.n_heads, c.head_dim, self.q_norm, start_pos)
-    k = self._heads(self.k, x, c.n_kv_heads, c.head_dim, self.k_norm, start_pos)
-    v = self.v(x).reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
+    q, k, v = self.qkv(x)
+    q = self._heads(q, c.n_heads, c.head_dim, self.q_norm, start_pos)
+    k = self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm, start_pos)
+    v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
     out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, softcap=self.spec.softcap)
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 
 class FeedForward:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, activation: Callable[[Tensor, Tensor], Tensor]):
+    # gate and up stay separate: tinygrad already computes both in one kernel, with the activation
     self.gate = w.linear(f"{prefix}.ffn_gate", cfg.ffn_dim, cfg.dim)
     self.up = w.linear(f"{prefix}.ffn_up", cfg.ffn_dim, cfg.dim)
     self.down = w.linear(f"{prefix}.ffn_down", cfg.dim, cfg.ffn_dim)

@@ -29,15 +29,15 @@ class Timing:
   steps: list[float] = field(default_factory=list)
 
 class Runtime:
-  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "ggml",
-               device: str | None = None, progress: bool = True):
+  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "exact",
+               fuse: bool = True, device: str | None = None, progress: bool = True):
     self.gguf = GGUFFile(path)
     build = builder_for(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.model = build(Weights(self.gguf, strategy, device, progress, rounding), self.cfg, self.max_context)
+    self.model = build(Weights(self.gguf, strategy, device, progress, rounding, fuse), self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)
     self._prefill = TinyJit(self._forward)

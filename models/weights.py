@@ -4,12 +4,12 @@ from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
 from quant.linear import QuantLinear
-from quant.qtensor import QTensor
+from quant.qtensor import QTensor, concat_rows
 
 class Weights:
   def __init__(self, g: GGUFFile, strategy: dict[GGMLQuantizationType, str] | str = "packed_dot", device: str | None = None,
-               progress: bool = False, rounding: str = "ggml"):
-    self.g, self.device, self.strategy, self.rounding = g, device, strategy, rounding
+               progress: bool = False, rounding: str = "exact", fuse: bool = True):
+    self.g, self.device, self.strategy, self.rounding, self.fuse = g, device, strategy, rounding, fuse
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
 
   def _load(self, name: str, shape: tuple[int, ...]) -> QTensor:
@@ -25,6 +25,19 @@ class Weights:
     bias = self.vector(f"{name}.bias", out_features) if self.has(f"{name}.bias") else None
     return self.over(self._load(f"{name}.weight", (out_features, in_features)), bias)
 
+  def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":
+    """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""
+    weights = [self._load(f"{n}.weight", (o, in_features)) for n, o in zip(names, outs)]
+    biases = [self.vector(f"{n}.bias", o) if self.has(f"{n}.bias") else None for n, o in zip(names, outs)]
+    groups: dict = {}
+    for i, w in enumerate(weights): groups.setdefault(w.ggml_type if self.fuse else i, []).append(i)
+    fused = []
+    for members in groups.values():
+      bias = None if all(biases[i] is None for i in members) else \
+        Tensor.cat(*[biases[i] if biases[i] is not None else Tensor.zeros(outs[i]) for i in members]).realize()
+      fused.append((members, self.over(weights[members[0]] if len(members) == 1 else concat_rows([weights[i] for i in members]), bias)))
+    return Projections(fused, outs)
+
   def over(self, w: QTensor, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
     return QuantLinear(w, bias, self.strategy if isinstance(self.strategy, str) else self.strategy.get(w.ggml_type, "packed_dot"), self.rounding)
@@ -36,3 +49,15 @@ class Weights:
   def table(self, name: str, rows: int, cols: int) -> QTensor:
     """An embedding table, kept packed: rows are dequantized when they are looked up."""
     return self._load(name, (rows, cols))
+
+class Projections:
+  """Calls its matmuls on one input and returns each projection's output, in the order they were named."""
+  def __init__(self, fused: list[tuple[list[int], QuantLinear]], outs: list[int]):
+    self.fused, self.outs = fused, outs
+
+  def __call__(self, x: Tensor) -> list[Tensor]:
+    out: list[Tensor | None] = [None] * len(self.outs)
+    for members, linear in self.fused:
+      y = linear(x)
+      for i, part in zip(members, y.split([self.outs[i] for i in members], dim=-1)): out[i] = part
+    return out  # type: ignore[return-value]

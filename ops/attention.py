@@ -29,13 +29,6 @@ class KVCache:
   def update(self, k: Tensor, v: Tensor, start_pos: sint) -> tuple[Tensor, Tensor]:
     return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
 
-def _softmax(logits: Tensor, sink: Tensor|None) -> Tensor:
-  """Softmax over the last axis; a sink adds exp(sink) to the denominator only."""
-  if sink is None: return logits.softmax(-1)
-  peak = logits.max(axis=-1, keepdim=True).maximum(sink)
-  e = (logits - peak).exp()
-  return e / (e.sum(axis=-1, keepdim=True) + (sink - peak).exp())
-
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None) -> Tensor:
   (B, Hq, T, D), Hkv, S = q.shape, k.shape[1], k.shape[2]
@@ -49,6 +42,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   visible = kpos <= qpos
   if window is not None: visible = visible & (kpos > qpos - window)
   logits = visible.where(logits, float("-inf"))
+  # softmax with the division after the value matmul: one kernel fewer than normalizing the weights first.
+  # A sink adds exp(sink) to the denominator only.
+  peak = logits.max(axis=-1, keepdim=True)
   sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1)
-  out = _softmax(logits, sink).cast(v.dtype) @ v.unsqueeze(2)
+  if sink is not None: peak = peak.maximum(sink)
+  e = (logits - peak).exp()
+  denom = e.sum(axis=-1, keepdim=True) + (0 if sink is None else (sink - peak).exp())
+  out = (e.cast(v.dtype) @ v.unsqueeze(2)) / denom
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

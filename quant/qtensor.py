@@ -36,3 +36,11 @@ class QTensor:
   def dequantize(self) -> Tensor:
     """The float32 weights, as a lazy expression over the blocks (realize it to keep a copy)."""
     return self.format.dequantize(self.blocks).reshape(self.shape)
+
+def concat_rows(tensors: list[QTensor]) -> QTensor:
+  """One tensor whose rows are those of `tensors` in order (same GGML type and row length), packed bytes copied once."""
+  first = tensors[0]
+  if any(t.ggml_type != first.ggml_type or t.shape[1:] != first.shape[1:] for t in tensors):
+    raise ValueError("concat_rows needs tensors of one GGML type and row length")
+  blocks = first.blocks.cat(*[t.blocks for t in tensors[1:]]).contiguous().realize()
+  return QTensor(blocks, first.ggml_type, (sum(t.shape[0] for t in tensors), *first.shape[1:]))

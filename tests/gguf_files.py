@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGUFWriter
 
-def write_gguf(path: Path, tensors: dict[str, tuple[T, np.ndarray, tuple[int, ...]]], meta: dict | None = None) -> Path:
-  w = GGUFWriter(str(path), "llama")
-  w.add_uint32("llama.block_count", 2)
+def write_gguf(path: Path, tensors: dict[str, tuple[T, np.ndarray, tuple[int, ...]]], meta: dict | None = None, arch: str = "llama") -> Path:
+  w = GGUFWriter(str(path), arch)
+  w.add_uint32(f"{arch}.block_count", 2)
   w.add_string("tokenizer.ggml.model", "gpt2")
   w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
   for k, v in (meta or {}).items(): w.add_float32(k, v)

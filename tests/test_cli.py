@@ -69,3 +69,15 @@ def test_matvec_reports_each_strategy(small: Path):
 def test_help_explains():
   r = tinyzoo("--help")
   assert r.returncode == 0 and "info" in r.stdout and "matvec" in r.stdout
+
+def test_bad_sampling_parameters():
+  for flag, value, needle in [("--temperature", "-1", "temperature must be >= 0"), ("--top-p", "0", "top_p must be in (0, 1]"),
+                              ("--top-k", "-3", "top_k must be >= 0"), ("--repeat-penalty", "0", "repeat_penalty must be > 0")]:
+    assert_one_line_error(tinyzoo("run", "smollm2-135m", "-p", "hi", flag, value), needle)
+
+def test_prompt_longer_than_context():
+  assert_one_line_error(tinyzoo("run", "smollm2-135m", "-p", "word " * 40, "-n", "4", "--ctx", "16"), "exceeds the context of 16 tokens")
+
+def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
+  path = write_gguf(tmp_path / "bert.gguf", {"token_embd.weight": (T.F32, random_blocks(T.F32, (3, 8), rng), (3, 8))}, arch="bert")
+  assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"), "unsupported architecture 'bert' (supported: gemma3, llama)")

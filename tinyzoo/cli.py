@@ -25,14 +25,27 @@ def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
   logits(args)
 
-def add_model_options(s: argparse.ArgumentParser, rounding: str) -> None:
+def cmd_bench(args) -> None:
+  from experiments import journal
+  from experiments.bench import BenchConfig, bench, dump, table
+  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", args.tokens)):
+    if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
+  if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+  cfg = BenchConfig(args.prompt_tokens, args.tokens, args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse, args.bandwidth,
+                    not args.no_peer)
+  record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, cfg)
+  if not args.no_journal: journal.append(record)
+  print(dump(record) if args.json else table([record]))
+
+def add_model_options(s: argparse.ArgumentParser) -> None:
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", choices=STRATEGIES, default="packed_dot", help="how matmuls read the packed weights (default packed_dot)")
-  s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
-                 help=f"activations entering a quantized matmul: exact keeps fp32, ggml rounds them to 8 bits as llama.cpp's CPU matmuls do "
-                      f"(slower, but its logits compare with llama.cpp's) (default {rounding})")
+  s.add_argument("--rounding", choices=ROUNDINGS, default="exact",
+                 help="activations entering a quantized matmul: exact keeps fp32 (default); ggml rounds them to 8 bits as llama.cpp's CPU "
+                      "matmuls do (slower; it reproduces llama.cpp's first position closely, not the later ones: see README)")
+  s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="tinyzoo", description="tinygrad model zoo and optimization lab for quantized GGUF models")
@@ -62,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on the last 64 tokens, 1 is off (default 1.0)")
   s.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
   s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as one user turn")
-  add_model_options(s, "exact")
+  add_model_options(s)
   s.set_defaults(fn=cmd_run)
 
   s = sub.add_parser("logits", help="top logits at the last prompt position and greedy tokens, for several prompts in one process",
@@ -74,8 +87,25 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--top", type=int, default=20, help="logits to report (default 20)")
   s.add_argument("--greedy", type=int, default=4, help="greedy tokens to generate (default 4)")
   s.add_argument("--json", action="store_true", help='print {"cases": [{"prompt", "tokens", "top", "greedy"}]}')
-  add_model_options(s, "ggml")
+  add_model_options(s)
   s.set_defaults(fn=cmd_logits)
+
+  s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",
+                     description="Prefills a prompt of --prompt-tokens token ids, captures decode under TinyJit, then times --tokens decode "
+                                 "steps after --warmup: kernels per token (every kernel the JIT replays), ms/token (median, min, max), tok/s, "
+                                 "bytes of weights read per token and the floor that implies at the copy bandwidth, compile and capture "
+                                 "time, prefill tok/s. llama.cpp is measured on the same file in the same run when llama-cpp-python is "
+                                 "installed (make reference). Each run is appended to experiments/journal.jsonl.")
+  s.add_argument("model", nargs="?", help=MODEL_HELP)
+  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
+  s.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
+  s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before timing (default 4)")
+  s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
+  s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
+  s.add_argument("--no-journal", action="store_true", help="do not append the record to experiments/journal.jsonl")
+  s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
+  add_model_options(s)
+  s.set_defaults(fn=cmd_bench)
   return p
 
 def main(argv: list[str] | None = None) -> int:

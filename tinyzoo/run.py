@@ -6,7 +6,8 @@ from models.runtime import Runtime, Timing
 from ops.sampling import Sampler, SamplerParams
 
 def load(args) -> Runtime:
-  return Runtime(resolve_model(args.model), max_context=args.ctx, strategy=args.strategy, rounding=args.rounding, progress=sys.stderr.isatty())
+  return Runtime(resolve_model(args.model), max_context=args.ctx, strategy=args.strategy, rounding=args.rounding, fuse=not args.no_fuse,
+                 progress=sys.stderr.isatty())
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)

@@ -1,0 +1,94 @@
+"""`tinyzoo bench`: decode in JIT steady state, with kernels per token, ms per token, bytes read against the memory floor,
+capture and compile time, prefill speed, and llama.cpp measured in the same run when it is installed."""
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from tinygrad import Device, Tensor, TinyJit, dtypes
+from experiments import journal, peer_llamacpp
+from models.runtime import Runtime
+from ops.sampling import Sampler, SamplerParams
+from quant.linear import QuantLinear
+
+@dataclass(frozen=True)
+class BenchConfig:
+  prompt_tokens: int = 32
+  tokens: int = 64
+  warmup: int = 4
+  ctx: int | None = None
+  strategy: str = "packed_dot"
+  rounding: str = "exact"
+  fuse: bool = True
+  bandwidth: float | None = None   # GB/s; measured when None
+  peer: bool = True
+
+  def switches(self) -> dict:
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "BEAM": int(os.environ.get("BEAM", 0) or 0),
+            "JIT_BATCH_SIZE": os.environ.get("JIT_BATCH_SIZE")}
+
+def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
+  """GB/s of a large device copy in JIT steady state (bytes read plus bytes written)."""
+  src = Tensor.ones(mib << 18, dtype=dtypes.float32, device=device).contiguous().realize()
+  jit = TinyJit(lambda x: (x + 1).realize())
+  for _ in range(3): jit(src)
+  dev, times = Device[src.device], []
+  for _ in range(5):
+    t0 = time.perf_counter(); jit(src); dev.synchronize(); times.append(time.perf_counter() - t0)
+  return 2 * src.nbytes() / min(times) / 1e9
+
+def weight_bytes(rt: Runtime) -> int:
+  """Bytes of weights one decoded token reads: every matmul's stored weights (packed, or the fp16 cache) and one embedding row."""
+  seen: dict[int, QuantLinear] = {}
+  def walk(obj, depth=0):
+    if isinstance(obj, QuantLinear): seen[id(obj)] = obj
+    elif depth < 6 and hasattr(obj, "__dict__"):
+      for v in vars(obj).values():
+        for item in (v if isinstance(v, (list, tuple)) else [v]): walk(item[1] if isinstance(item, tuple) else item, depth + 1)
+  walk(rt.model)
+  linears = sum(l.cache.nbytes() if l.cache is not None else l.weight.nbytes for l in seen.values())
+  return linears + rt.model.embed.nbytes // rt.cfg.vocab_size
+
+def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
+  t0 = time.perf_counter()
+  rt = Runtime(path, max_context=cfg.ctx or cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8, strategy=cfg.strategy, rounding=cfg.rounding,
+               fuse=cfg.fuse, progress=False)
+  load_s = time.perf_counter() - t0
+  prompt = [(7 * i + 11) % rt.cfg.vocab_size for i in range(cfg.prompt_tokens)]
+  rt.check_fits(cfg.prompt_tokens, cfg.warmup + cfg.tokens + 2)
+  prefill_times = []
+  for _ in range(3):   # eager (compiles), capture, replay
+    t0 = time.perf_counter(); logits = rt.prefill(prompt); logits.realize(); Device[logits.device].synchronize()
+    prefill_times.append(time.perf_counter() - t0)
+  sampler = Sampler(SamplerParams(temperature=0))
+  token, pos, steps = sampler(logits), cfg.prompt_tokens, []
+  for i in range(2 + cfg.warmup + cfg.tokens):   # call 0 compiles, call 1 captures
+    t0 = time.perf_counter()
+    token = sampler(rt.decode(token, pos + i))
+    steps.append(time.perf_counter() - t0)
+  timed = steps[2 + cfg.warmup:]
+  ms = [t * 1e3 for t in timed]
+  nbytes = weight_bytes(rt)
+  bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
+  record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
+            "switches": cfg.switches(), "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
+            "metrics": {"kernels_per_token": rt.kernels_per_token(sampler), "tok_s": round(1e3 / statistics.median(ms), 3),
+                        "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
+                        "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
+                        "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
+                        "capture_s": round(steps[1], 2), "load_s": round(load_s, 2)}}
+  if cfg.peer and (peer := peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens)) is not None: record["peer"] = peer
+  return record
+
+def table(records: list[dict]) -> str:
+  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "prefill tok/s", "peer tok/s")
+  rows = [(r["model"], r["device"].split(",")[0][:40], ",".join(f"{k}={v}" for k, v in r["switches"].items() if v not in (None, 0)),
+           str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
+           f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['prefill_tok_s']:.1f}",
+           f"{r['peer']['tok_s']:.2f}" if "peer" in r else "-") for r in records for m in [r["metrics"]]]
+  widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+  line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+def dump(record: dict) -> str: return json.dumps(record, indent=1)

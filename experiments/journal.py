@@ -1,0 +1,68 @@
+"""The lab journal: one JSON line per measured run, appended whole under a lock so concurrent runs never interleave."""
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+from tinygrad import Device
+from models.catalog import cache_dir
+
+JOURNAL = Path(__file__).with_name("journal.jsonl")
+
+def _git(*args: str) -> str:
+  try: return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10).stdout.strip()
+  except OSError: return ""
+
+def device_name() -> str:
+  """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ...' or 'CUDA: NVIDIA H100 80GB HBM3'."""
+  dev = Device.DEFAULT
+  if dev in ("CUDA", "NV"):
+    try: return f"{dev}: " + subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                                            timeout=20).stdout.splitlines()[0].strip()
+    except (OSError, IndexError): return dev
+  cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.machine()) \
+    if Path("/proc/cpuinfo").exists() else platform.machine()
+  return f"{dev}: {cpu}, {os.cpu_count()} cores"
+
+def file_sha256(path: os.PathLike) -> str:
+  """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""
+  st = os.stat(path)
+  memo = cache_dir() / "sha256" / hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+  if memo.exists(): return memo.read_text()
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 22): h.update(chunk)
+  memo.parent.mkdir(parents=True, exist_ok=True)
+  tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+  tmp.write_text(h.hexdigest())
+  os.replace(tmp, memo)
+  return h.hexdigest()
+
+def context() -> dict[str, Any]:
+  """What every record carries: when, which code, on what."""
+  return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _git("rev-parse", "--short=12", "HEAD"),
+          "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")), "device": device_name(), "backend": Device.DEFAULT,
+          "tinygrad": version("tinygrad")}
+
+def append(record: dict[str, Any], path: os.PathLike = JOURNAL) -> None:
+  line = (json.dumps(record, sort_keys=True) + "\n").encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    written = os.write(fd, line)
+    if written != len(line): raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+    os.fsync(fd)
+  finally: os.close(fd)
+
+def read(path: os.PathLike = JOURNAL) -> list[dict[str, Any]]:
+  records = []
+  for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    if not line.strip(): continue
+    try: records.append(json.loads(line))
+    except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not a journal record ({e.msg})") from None
+  return records

@@ -1,0 +1,44 @@
+"""llama.cpp (through llama-cpp-python) as the peer engine: decode speed on the same GGUF, measured in a subprocess so its
+threads never share a process with tinygrad's. `python -m experiments.peer_llamacpp FILE` prints one JSON line."""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+def measure(path: str, prompt_tokens: int, tokens: int, threads: int) -> dict:
+  import llama_cpp
+  llm = llama_cpp.Llama(model_path=path, n_ctx=prompt_tokens + tokens + 8, n_threads=threads, n_threads_batch=threads, verbose=False)
+  prompt = [(7 * i + 11) % llm.n_vocab() for i in range(prompt_tokens)]
+  t0 = time.perf_counter()
+  llm.eval(prompt)
+  prompt_s, steps = time.perf_counter() - t0, []
+  token = 0
+  for _ in range(tokens):
+    t0 = time.perf_counter()
+    llm.eval([token])
+    steps.append(time.perf_counter() - t0)
+  ms = statistics.median(steps) * 1e3
+  return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(1e3 / ms, 2),
+          "ms_per_token": round(ms, 3), "prefill_tok_s": round(prompt_tokens / prompt_s, 1)}
+
+def run(path: str, prompt_tokens: int, tokens: int, threads: int = 2) -> dict | None:
+  """The peer's figures, or None (with the reason on stderr) when llama-cpp-python is not installed or fails."""
+  r = subprocess.run([sys.executable, "-m", "experiments.peer_llamacpp", path, "--prompt-tokens", str(prompt_tokens), "--tokens", str(tokens),
+                      "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
+  if r.returncode != 0:
+    print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
+    return None
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt).")
+  p.add_argument("path")
+  p.add_argument("--prompt-tokens", type=int, default=32)
+  p.add_argument("--tokens", type=int, default=64)
+  p.add_argument("--threads", type=int, default=2)
+  a = p.parse_args()
+  try: import llama_cpp  # noqa: F401
+  except ImportError: sys.exit("llama-cpp-python is not installed (make reference)")
+  print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads)))

@@ -1,0 +1,21 @@
+"""The dense architectures against an independent float64 numpy forward pass, through prefill (a whole JIT chunk) and
+jitted decode steps at growing positions."""
+import numpy as np
+import pytest
+from models.catalog import resolve_model
+from models.runtime import PREFILL_CHUNK, Runtime
+from tests.models.numpy_reference import forward
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_logits_match_float64_reference(model: str, rng: np.random.Generator):
+  rt = Runtime(resolve_model(model), max_context=64, progress=False)
+  ids = rng.integers(10, 20000, size=PREFILL_CHUNK + 3).tolist()
+  got = rt.prefill(ids).numpy()[0]   # one prefill chunk, then three jitted decode steps
+  for extra in range(3):             # and decode steps on our own
+    ids.append(int(rng.integers(10, 20000)))
+    got = rt.decode(ids[-1], len(ids) - 1).numpy()[0]
+  want = forward(rt.gguf, ids)
+  scale = np.abs(want).max()
+  assert np.abs(got - want).max() < 2e-3 * scale, f"max err {np.abs(got - want).max():.4g} at logit scale {scale:.3g}"
+  assert np.argmax(got) == np.argmax(want)
+  assert rt._decode.captured is not None   # the steps above replayed the captured decode at growing positions
