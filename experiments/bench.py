@@ -3,6 +3,8 @@ capture and compile time, prefill speed, and llama.cpp measured in the same run 
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ class BenchConfig:
   fuse: bool = True
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
+  tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "BEAM": int(os.environ.get("BEAM", 0) or 0),
@@ -78,15 +81,25 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2)}}
-  if cfg.peer and (peer := peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens)) is not None: record["peer"] = peer
+  peers = [peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens) if cfg.peer else None,
+           tinygrad_app(path, cfg) if cfg.tinygrad_src else None]
+  if (peers := [p for p in peers if p is not None]): record["peer"], record["peers"] = peers[0], peers
   return record
 
+def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
+  args = ["--src", str(cfg.tinygrad_src), str(path), "--prompt", str(cfg.prompt_tokens), "--warmup", str(cfg.warmup), "--tokens", str(cfg.tokens)]
+  r = subprocess.run([sys.executable, "-m", "experiments.peer_tinygrad", *args], capture_output=True, text=True, timeout=3600)
+  if r.returncode != 0:
+    print(f"tinygrad app peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
+    return None
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
 def table(records: list[dict]) -> str:
-  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "prefill tok/s", "peer tok/s")
+  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "prefill tok/s", "peers tok/s")
   rows = [(r["model"], r["device"].split(",")[0][:40], ",".join(f"{k}={v}" for k, v in r["switches"].items() if v not in (None, 0)),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
            f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['prefill_tok_s']:.1f}",
-           f"{r['peer']['tok_s']:.2f}" if "peer" in r else "-") for r in records for m in [r["metrics"]]]
+           ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
   widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
   return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

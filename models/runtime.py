@@ -23,10 +23,14 @@ class ContextOverflow(ValueError): pass
 class Timing:
   prompt_tokens: int = 0
   prompt_s: float = 0.0
-  decoded: int = 0
-  decode_s: float = 0.0
   kernels_per_token: int = 0
-  steps: list[float] = field(default_factory=list)
+  steps: list[float] = field(default_factory=list)   # seconds of each decode step after the first token
+
+  @property
+  def decoded(self) -> int: return len(self.steps)
+
+  @property
+  def decode_s(self) -> float: return sum(self.steps)
 
 class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "exact",
@@ -94,5 +98,4 @@ class Runtime:
       t0 = time.perf_counter()
       token = sampler(self.decode(token, pos + i))
       timing.steps.append(time.perf_counter() - t0)
-    timing.decoded, timing.decode_s = len(timing.steps), sum(timing.steps)
     timing.kernels_per_token = self.kernels_per_token(sampler)

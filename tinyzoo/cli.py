@@ -32,7 +32,7 @@ def cmd_bench(args) -> None:
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   cfg = BenchConfig(args.prompt_tokens, args.tokens, args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse, args.bandwidth,
-                    not args.no_peer)
+                    not args.no_peer, args.tinygrad_src)
   record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, cfg)
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
@@ -102,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before timing (default 4)")
   s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
   s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
+  s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (a9069c177a works)")
   s.add_argument("--no-journal", action="store_true", help="do not append the record to experiments/journal.jsonl")
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
   add_model_options(s)
