@@ -12,7 +12,6 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from experiments import journal, peer_llamacpp
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams
-from quant.linear import QuantLinear
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -43,14 +42,7 @@ def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
 
 def weight_bytes(rt: Runtime) -> int:
   """Bytes of weights one decoded token reads: every matmul's stored weights (packed, or the fp16 cache) and one embedding row."""
-  seen: dict[int, QuantLinear] = {}
-  def walk(obj, depth=0):
-    if isinstance(obj, QuantLinear): seen[id(obj)] = obj
-    elif depth < 6 and hasattr(obj, "__dict__"):
-      for v in vars(obj).values():
-        for item in (v if isinstance(v, (list, tuple)) else [v]): walk(item[1] if isinstance(item, tuple) else item, depth + 1)
-  walk(rt.model)
-  linears = sum(l.cache.nbytes() if l.cache is not None else l.weight.nbytes for l in seen.values())
+  linears = sum(l.cache.nbytes() if l.cache is not None else l.weight.nbytes for l in rt.weights.linears)
   return linears + rt.model.embed.nbytes // rt.cfg.vocab_size
 
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:

@@ -41,7 +41,8 @@ class Runtime:
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.model = build(Weights(self.gguf, strategy, device, progress, rounding, fuse), self.cfg, self.max_context)
+    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse)
+    self.model = build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)
     self._prefill = TinyJit(self._forward)

@@ -11,6 +11,7 @@ class Weights:
                progress: bool = False, rounding: str = "exact", fuse: bool = True):
     self.g, self.device, self.strategy, self.rounding, self.fuse = g, device, strategy, rounding, fuse
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
+    self.linears: list[QuantLinear] = []   # every matmul made, for what a token reads
 
   def _load(self, name: str, shape: tuple[int, ...]) -> QTensor:
     if name not in self.g.tensors: raise self.g.fail(f"missing tensor {name!r}")
@@ -21,14 +22,15 @@ class Weights:
 
   def has(self, name: str) -> bool: return name in self.g.tensors
 
+  def _bias(self, name: str, size: int) -> Tensor | None: return self.vector(f"{name}.bias", size) if self.has(f"{name}.bias") else None
+
   def linear(self, name: str, out_features: int, in_features: int) -> QuantLinear:
-    bias = self.vector(f"{name}.bias", out_features) if self.has(f"{name}.bias") else None
-    return self.over(self._load(f"{name}.weight", (out_features, in_features)), bias)
+    return self.over(self._load(f"{name}.weight", (out_features, in_features)), self._bias(name, out_features))
 
   def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":
     """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""
     weights = [self._load(f"{n}.weight", (o, in_features)) for n, o in zip(names, outs)]
-    biases = [self.vector(f"{n}.bias", o) if self.has(f"{n}.bias") else None for n, o in zip(names, outs)]
+    biases = [self._bias(n, o) for n, o in zip(names, outs)]
     groups: dict = {}
     for i, w in enumerate(weights): groups.setdefault(w.ggml_type if self.fuse else i, []).append(i)
     fused = []
@@ -40,7 +42,9 @@ class Weights:
 
   def over(self, w: QTensor, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
-    return QuantLinear(w, bias, self.strategy if isinstance(self.strategy, str) else self.strategy.get(w.ggml_type, "packed_dot"), self.rounding)
+    strategy = self.strategy if isinstance(self.strategy, str) else self.strategy.get(w.ggml_type, "packed_dot")
+    self.linears.append(linear := QuantLinear(w, bias, strategy, self.rounding))
+    return linear
 
   def vector(self, name: str, size: int) -> Tensor:
     """A small float tensor (norm weight, bias), dequantized once."""

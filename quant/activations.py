@@ -7,6 +7,7 @@ logit needs the same rounding: without it, near-ties at ~1% of the logit scale c
 rounded value (q * d), which gives the same dot products as ggml's integer ones up to float summation order.
 Rounding is to nearest-even, as ggml's x86 paths do.
 """
+from typing import Callable
 from gguf import GGMLQuantizationType as T
 from tinygrad import Tensor, dtypes
 
@@ -27,14 +28,13 @@ def _q8_k(x: Tensor) -> Tensor:
   q = (xb * iscale).round().minimum(127)
   return (q * (amax > 0).where(1 / iscale, 0)).reshape(x.shape)
 
-def _via(dtype) -> "callable":
+def _via(dtype) -> Callable[[Tensor], Tensor]:
   return lambda x: x.cast(dtype).cast(dtypes.float32)
 
 _ROUND = {T.Q4_0: _q8_0, T.Q5_0: _q8_0, T.Q8_0: _q8_0, T.MXFP4: _q8_0, T.Q4_1: _q8_0, T.Q4_K: _q8_k, T.Q5_K: _q8_k, T.Q6_K: _q8_k,
           T.F16: _via(dtypes.float16), T.BF16: _via(dtypes.bfloat16)}
 
 def round_activations(x: Tensor, weight_type: T, rounding: str) -> Tensor:
-  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it."""
-  if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
+  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it (rounding is one of ROUNDINGS)."""
   fn = _ROUND.get(weight_type) if rounding == "ggml" else None
   return x if fn is None else fn(x.cast(dtypes.float32))

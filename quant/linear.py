@@ -6,7 +6,7 @@
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
 """
 from tinygrad import Tensor, dtypes
-from quant.activations import round_activations
+from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
 from quant.qtensor import QTensor
 
@@ -27,8 +27,9 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
 class _PackedWeight:
-  def __init__(self, weight: QTensor, strategy: str, rounding: str):
+  def __init__(self, weight: QTensor, strategy: str = "packed_dot", rounding: str = "exact"):
     if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     self.weight, self.strategy, self.rounding = weight, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
 
@@ -50,9 +51,6 @@ class QuantLinear(_PackedWeight):
 
 class QuantExperts(_PackedWeight):
   """Expert-indexed matmul over W [experts, out, in]: only the k selected experts' weights are read."""
-  def __init__(self, weight: QTensor, strategy: str = "packed_dot", rounding: str = "exact"):
-    super().__init__(weight, strategy, rounding)
-
   def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
     return self._matmul(x, sel)

@@ -74,3 +74,5 @@ def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
 def test_unknown_strategy(rng: np.random.Generator):
   with pytest.raises(ValueError, match="unknown matmul strategy 'nope'"):
     QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (OUT, IN), rng), T.Q4_0, (OUT, IN)), strategy="nope")
+  with pytest.raises(ValueError, match="unknown activation rounding 'fp8'"):
+    QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (OUT, IN), rng), T.Q4_0, (OUT, IN)), rounding="fp8")
