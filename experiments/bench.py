@@ -12,6 +12,7 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from experiments import journal, peer_llamacpp
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams
+from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -22,13 +23,14 @@ class BenchConfig:
   strategy: str = "packed_dot"
   rounding: str = "exact"
   fuse: bool = True
+  row_upcast: int = DEFAULT_ROW_UPCAST
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "BEAM": int(os.environ.get("BEAM", 0) or 0),
-            "JIT_BATCH_SIZE": os.environ.get("JIT_BATCH_SIZE")}
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast,
+            "BEAM": int(os.environ.get("BEAM", 0) or 0), "JIT_BATCH_SIZE": os.environ.get("JIT_BATCH_SIZE")}
 
 def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
   """GB/s of a large device copy in JIT steady state (bytes read plus bytes written)."""
@@ -48,7 +50,7 @@ def weight_bytes(rt: Runtime) -> int:
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   t0 = time.perf_counter()
   rt = Runtime(path, max_context=cfg.ctx or cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8, strategy=cfg.strategy, rounding=cfg.rounding,
-               fuse=cfg.fuse, progress=False)
+               fuse=cfg.fuse, progress=False, row_upcast=cfg.row_upcast)
   load_s = time.perf_counter() - t0
   prompt = [(7 * i + 11) % rt.cfg.vocab_size for i in range(cfg.prompt_tokens)]
   rt.check_fits(cfg.prompt_tokens, cfg.warmup + cfg.tokens + 2)

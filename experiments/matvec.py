@@ -4,16 +4,18 @@ from tinygrad import Device, Tensor, dtypes
 from quant.gguf_file import GGUFFile
 from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
+from quant.matvec_opts import use_row_upcast
 from experiments.steady import steady_state
 
-def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int) -> None:
+def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
   chosen = [s.strip() for s in strategies.split(",") if s.strip()]
   if (bad := [s for s in chosen if s not in STRATEGIES]): raise ValueError(f"unknown strategy {bad[0]!r} (choose from {', '.join(STRATEGIES)})")
+  use_row_upcast(row_upcast)
   g = GGUFFile(path)
   largest: dict = {}
   for t in g.tensors.values():
     if len(t.shape) == 2 and t.ggml_type in FORMATS and t.nbytes > getattr(largest.get(t.ggml_type), "nbytes", -1): largest[t.ggml_type] = t
-  print(f"model {os.path.basename(g.path)} on {Device.DEFAULT}, batch {batch}, median of {iters} JIT replays")
+  print(f"model {os.path.basename(g.path)} on {Device.DEFAULT}, batch {batch}, row upcast {row_upcast}, median of {iters} JIT replays")
   print(f"{'type':<6} {'tensor':<22} {'shape':>13} {'strategy':<14} {'kernels':>7} {'ms':>9} {'GB/s':>7}")
   for info in sorted(largest.values(), key=lambda t: t.ggml_type.name):
     w = g.load(info.name)

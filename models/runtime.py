@@ -13,6 +13,7 @@ from models.tokenizer import Tokenizer
 from models.weights import Weights
 from ops.sampling import Sampler
 from quant.gguf_file import GGUFFile
+from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast
 
 DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = 32
@@ -34,7 +35,8 @@ class Timing:
 
 class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "exact",
-               fuse: bool = True, device: str | None = None, progress: bool = True):
+               fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST):
+    use_row_upcast(row_upcast)
     self.gguf = GGUFFile(path)
     build = builder_for(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)

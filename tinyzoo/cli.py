@@ -15,7 +15,7 @@ def cmd_info(args) -> None:
 
 def cmd_matvec(args) -> None:
   from experiments.matvec import bench_model
-  bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch)
+  bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch, args.row_upcast)
 
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
@@ -31,8 +31,8 @@ def cmd_bench(args) -> None:
   for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", args.tokens)):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  cfg = BenchConfig(args.prompt_tokens, args.tokens, args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse, args.bandwidth,
-                    not args.no_peer, args.tinygrad_src)
+  cfg = BenchConfig(args.prompt_tokens, args.tokens, args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse, args.row_upcast,
+                    args.bandwidth, not args.no_peer, args.tinygrad_src)
   record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, cfg)
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
@@ -46,6 +46,13 @@ def add_model_options(s: argparse.ArgumentParser) -> None:
                  help="activations entering a quantized matmul: exact keeps fp32 (default); ggml rounds them to 8 bits as llama.cpp's CPU "
                       "matmuls do (slower; it reproduces llama.cpp's first position closely, not the later ones: see README)")
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
+  add_row_upcast_option(s)
+
+def add_row_upcast_option(s: argparse.ArgumentParser) -> None:
+  from quant.matvec_opts import DEFAULT_ROW_UPCAST
+  s.add_argument("--row-upcast", type=int, default=DEFAULT_ROW_UPCAST, metavar="N",
+                 help=f"CPU matvec kernels compute N output rows at once with the reduce unrolled by 4 (default {DEFAULT_ROW_UPCAST}); "
+                      "0 leaves them to tinygrad's heuristic")
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="tinyzoo", description="tinygrad model zoo and optimization lab for quantized GGUF models")
@@ -60,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--strategies", default="packed_dot,fused,dequant_cache", help="comma-separated strategies (default: all)")
   s.add_argument("--iters", type=int, default=20, help="timed calls after warm-up (default 20)")
   s.add_argument("--batch", type=int, default=1, help="activation rows: 1 is a matvec (default 1)")
+  add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)
 
   s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",

@@ -1,0 +1,61 @@
+"""Kernel optimizations for matvecs on CPUs, where tinygrad's heuristic leaves them scalar and serial.
+
+tinygrad upcasts output rows only when a kernel has at least 1024 outputs, so a 576-row matvec is compiled as one
+accumulator per row: every multiply-add waits for the one before it. Upcasting rows gives independent accumulators
+(and vector loads of the shared activations), unrolling the innermost reduce keeps the block decode in registers.
+
+tinygrad has no per-kernel hook for this, so `use_row_upcast` wraps its heuristic. That is process-wide and kernels are
+cached by their graph, so the setting is chosen once per process, before the first kernel is compiled; and compiles
+stay in this process (tinygrad's compile workers are spawned fresh and would not see the wrapper).
+"""
+from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
+from tinygrad.codegen.opt import heuristic
+from tinygrad.helpers import PARALLEL
+from tinygrad.codegen.opt.postrange import Scheduler
+from tinygrad.uop.ops import AxisType, Ops
+
+DEFAULT_ROW_UPCAST = 8
+REDUCE_UNROLL = 4
+_tinygrad_heuristic = heuristic.hand_coded_optimizations
+_row_upcast = 0
+
+def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
+  """Upcast the output rows of CPU matvec kernels by `rows` (0: leave every kernel to tinygrad's heuristic)."""
+  global _row_upcast
+  if rows < 0 or rows & (rows - 1): raise ValueError(f"row upcast must be 0 or a power of two, not {rows}")
+  _row_upcast = rows
+  heuristic.hand_coded_optimizations = _optimize if rows else _tinygrad_heuristic
+  if rows: PARALLEL.value = 0
+
+def matvec_row_axis(k: Scheduler) -> int | None:
+  """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
+  size that one input is indexed by (the weights) and another is broadcast along (the activations)."""
+  if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or not k.axes_of(AxisType.REDUCE): return None
+  if not all(isinstance(s, int) for s in k.full_shape): return None
+  outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if k.full_shape[a] > 1]
+  if len(outputs) != 1 or k.full_shape[outputs[0]] < 64: return None
+  row, reduces = k.rngs[outputs[0]], k.ranges_of(AxisType.REDUCE)
+  reads = [b.src[1].get_idx().backward_slice for b in k.bufs]
+  weights = any(row in r for r in reads)
+  broadcast = any(row not in r and any(red in r for red in reduces) for r in reads)
+  return outputs[0] if weights and broadcast else None
+
+def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
+  """The opts for a matvec kernel: upcast rows, unroll the innermost reduce, then split rows over the CPU threads."""
+  axis = matvec_row_axis(k)
+  if axis is None or k.full_shape[axis] % rows: return []
+  opts = [Opt(OptOps.UPCAST, axis, rows)]
+  if k.unrollable_dims and k.full_shape[k.unrollable_dims[-1]] % REDUCE_UNROLL == 0:
+    opts.append(Opt(OptOps.UNROLL, len(k.unrollable_dims) - 1, REDUCE_UNROLL))
+  left = k.full_shape[axis] // rows
+  threads = next((t for t in range(k.ren.global_max[0], 1, -1) if left % t == 0), 1) if k.ren.has_threads and k.ren.global_max else 1
+  if threads > 1: opts.append(Opt(OptOps.THREAD, axis, threads))
+  return opts
+
+def _optimize(k: Scheduler) -> Scheduler:
+  if k.ren.has_local or not (opts := matvec_opts(k, _row_upcast)): return _tinygrad_heuristic(k)
+  tuned = k.copy()
+  try:
+    for opt in opts: tuned.apply_opt(opt)
+  except KernelOptError: return _tinygrad_heuristic(k)
+  return tuned

@@ -1,0 +1,55 @@
+"""The CPU matvec opts: which kernels get them, that the results stay right, and bad settings.
+
+Kernels are cached by their graph whatever the setting, so each test uses shapes no other test compiles."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T, quants
+from tinygrad import Device, Tensor, TinyJit
+from tinygrad.codegen.opt import Opt, OptOps
+from experiments.kernels import jit_programs
+from quant import matvec_opts
+from quant.linear import QuantLinear
+from quant.qtensor import QTensor
+from quant.random_blocks import random_blocks
+
+pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="the opts are for CPU kernels")
+
+@pytest.fixture
+def row_upcast():
+  before = matvec_opts._row_upcast
+  yield matvec_opts.use_row_upcast
+  matvec_opts.use_row_upcast(before)
+
+def applied_opts(fn, *inputs: Tensor) -> tuple[list[tuple], np.ndarray]:
+  jit = TinyJit(lambda *xs: fn(*xs).realize())
+  for _ in range(3): out = jit(*inputs)
+  return [prg.src[0].arg.applied_opts for prg in jit_programs(jit)], out.numpy()
+
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_matvec_rows_upcast_and_exact(t: T, row_upcast, rng: np.random.Generator):
+  rows, cols = {T.Q4_1: (200, 96), T.Q8_0: (104, 160)}[t]
+  row_upcast(8)
+  raw = random_blocks(t, (rows, cols), rng, scale=0.1)
+  lin = QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)))
+  x = rng.standard_normal((1, cols)).astype(np.float32)
+  [opts], got = applied_opts(lin, Tensor(x))
+  assert opts[0] == Opt(OptOps.UPCAST, 0, 8) and Opt(OptOps.UNROLL, 1, 4) in opts
+  w = quants.dequantize(raw, t).reshape(rows, cols).astype(np.float64)
+  np.testing.assert_array_less(np.abs(got - x @ w.T), 2e-5 * (np.abs(x) @ np.abs(w).T) + 1e-30)
+
+def test_off_leaves_tinygrads_heuristic(row_upcast, rng: np.random.Generator):
+  row_upcast(0)
+  raw = random_blocks(T.Q4_0, (136, 64), rng)
+  [opts], _ = applied_opts(QuantLinear(QTensor.from_bytes(raw, T.Q4_0, (136, 64))), Tensor.randn(1, 64))
+  assert not any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts)
+
+def test_other_reduces_left_alone(row_upcast):
+  """A row sum reads no broadcast input and a dot has no row axis: neither is a matvec."""
+  row_upcast(8)
+  for fn, x in [(lambda a: a.sum(axis=1), Tensor.randn(88, 40)), (lambda a: (a * a).sum(), Tensor.randn(232))]:
+    [opts], _ = applied_opts(fn, x)
+    assert not any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts)
+
+@pytest.mark.parametrize("bad", [-8, 3, 12])
+def test_bad_setting(bad: int, row_upcast):
+  with pytest.raises(ValueError, match="power of two"): row_upcast(bad)
