@@ -1,11 +1,13 @@
 """The transformer pieces every dense architecture here is built from; architecture files only configure them."""
 from dataclasses import dataclass
 from typing import Callable
-from tinygrad import Tensor
+from gguf import GGMLQuantizationType
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
 from ops.norm import rms_norm
 from ops.rope import apply_rope
+from quant.activations import round_activations
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
@@ -28,7 +30,10 @@ class Attention:
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
-    self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, device=w.device)
+    # under ggml rounding the cache is fp16 and q meets it in fp16, as in llama.cpp's default KV cache
+    self.rounding = w.rounding
+    kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
+    self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device)
 
   def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
     B, T, _ = h.shape
@@ -45,6 +50,7 @@ class Attention:
     k = self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm, start_pos)
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
+    q = round_activations(q, GGMLQuantizationType.F16, self.rounding)
     out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, softcap=self.spec.softcap)
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 

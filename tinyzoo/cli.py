@@ -37,14 +37,15 @@ def cmd_bench(args) -> None:
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
 
-def add_model_options(s: argparse.ArgumentParser) -> None:
+def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> None:
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", choices=STRATEGIES, default="packed_dot", help="how matmuls read the packed weights (default packed_dot)")
-  s.add_argument("--rounding", choices=ROUNDINGS, default="exact",
-                 help="activations entering a quantized matmul: exact keeps fp32 (default); ggml rounds them to 8 bits as llama.cpp's CPU "
-                      "matmuls do (slower; it reproduces llama.cpp's first position closely, not the later ones: see README)")
+  s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
+                 help=f"exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path does: 8-bit activations "
+                      f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
+                      f"see README). Default {rounding}")
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
   add_row_upcast_option(s)
 
@@ -88,14 +89,15 @@ def parser() -> argparse.ArgumentParser:
 
   s = sub.add_parser("logits", help="top logits at the last prompt position and greedy tokens, for several prompts in one process",
                      description="For each -p PROMPT or --tokens IDS, in order: its token ids, the top-K logits at the last prompt position and "
-                                 "the first N greedy tokens. The model loads and compiles once for all cases.")
+                                 "the first N greedy tokens. The model loads and compiles once for all cases. It rounds as llama.cpp does by default "
+                                 "(--rounding ggml), so near-ties resolve as they do there.")
   s.add_argument("model", help=MODEL_HELP)
   s.add_argument("-p", "--prompt", dest="cases", action="append", type=lambda v: ("prompt", v), help="a prompt (repeatable)")
   s.add_argument("--tokens", dest="cases", action="append", type=lambda v: ("tokens", v), help="comma-separated token ids (repeatable)")
   s.add_argument("--top", type=int, default=20, help="logits to report (default 20)")
   s.add_argument("--greedy", type=int, default=4, help="greedy tokens to generate (default 4)")
   s.add_argument("--json", action="store_true", help='print {"cases": [{"prompt", "tokens", "top", "greedy"}]}')
-  add_model_options(s)
+  add_model_options(s, rounding="ggml")
   s.set_defaults(fn=cmd_logits)
 
   s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",

@@ -2,9 +2,11 @@
 ../shared/references and the fixtures made here by tests/models/fixtures/make_logits_fixtures.py.
 
 Acceptance: identical token ids, top-20 overlap >= 15, identical argmax at the last prompt position, first 4 greedy
-tokens equal. One measured exception: two llama.cpp builds (the one here and the one behind ../shared/references)
-differ by up to 0.4 in a logit, so where llama.cpp's own top-two margin at a step is below NOISE, either token is a
-faithful answer; the comparison of that case stops at such a step, since the texts may then part."""
+tokens equal. `logits` rounds as llama.cpp does by default (--rounding ggml), and every case of ../shared/references
+is held to that strictly. For the fixtures one measured exception remains: two llama.cpp builds (the one here and the
+one behind ../shared/references) differ by up to 0.4 in a logit, so where llama.cpp's own top-two margin at a step is
+below NOISE, either token is a faithful answer; the comparison of that case stops at such a step, since the texts may
+then part."""
 import json
 import subprocess
 import sys
@@ -30,7 +32,7 @@ def disagreements(want: dict, have: dict) -> list[str]:
   if (overlap := len({t for t, _ in have["top"]} & {t for t, _ in want["top20"]})) < 15: problems.append(f"{where}: top-20 overlap {overlap}")
   for step, (ours, theirs, margin) in enumerate(zip(have["greedy"], want["greedy"][:4], want["greedy_margins"])):
     if ours == theirs: continue
-    if margin >= NOISE: problems.append(f"{where}: greedy step {step} gives {ours}, llama.cpp {theirs} by a margin of {margin:.2f}")
+    if want["source"] == "shared/references" or margin >= NOISE: problems.append(f"{where}: greedy step {step} gives {ours}, llama.cpp {theirs} by a margin of {margin:.2f}")
     break
   return problems
 
