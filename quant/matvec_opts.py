@@ -16,7 +16,7 @@ from tinygrad.uop.ops import AxisType, Ops
 
 DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
-_tinygrad_heuristic = heuristic.hand_coded_optimizations
+_tinygrad_heuristic, _tinygrad_parallel = heuristic.hand_coded_optimizations, PARALLEL.value
 _row_upcast = 0
 
 def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
@@ -25,7 +25,7 @@ def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
   if rows < 0 or rows & (rows - 1): raise ValueError(f"row upcast must be 0 or a power of two, not {rows}")
   _row_upcast = rows
   heuristic.hand_coded_optimizations = _optimize if rows else _tinygrad_heuristic
-  if rows: PARALLEL.value = 0
+  PARALLEL.value = 0 if rows else _tinygrad_parallel
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant

@@ -6,6 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit
 from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.helpers import PARALLEL
 from experiments.kernels import jit_programs
 from quant import matvec_opts
 from quant.linear import QuantLinear
@@ -38,7 +39,9 @@ def test_matvec_rows_upcast_and_exact(t: T, row_upcast, rng: np.random.Generator
   np.testing.assert_array_less(np.abs(got - x @ w.T), 2e-5 * (np.abs(x) @ np.abs(w).T) + 1e-30)
 
 def test_off_leaves_tinygrads_heuristic(row_upcast, rng: np.random.Generator):
+  row_upcast(8)
   row_upcast(0)
+  assert PARALLEL.value == matvec_opts._tinygrad_parallel, "turning it off gives compiles back to tinygrad's workers"
   raw = random_blocks(T.Q4_0, (136, 64), rng)
   [opts], _ = applied_opts(QuantLinear(QTensor.from_bytes(raw, T.Q4_0, (136, 64))), Tensor.randn(1, 64))
   assert not any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts)
