@@ -1,4 +1,6 @@
-"""The tinyzoo command: `info` on real and written files, and one-line errors with exit status 1 on bad input."""
+"""The tinyzoo command: `info` on real and written files, `run` on a real model, and one-line errors with exit status 1 on
+bad input."""
+import re
 import struct
 import subprocess
 import sys
@@ -81,3 +83,10 @@ def test_prompt_longer_than_context():
 def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
   path = write_gguf(tmp_path / "bert.gguf", {"token_embd.weight": (T.F32, random_blocks(T.F32, (3, 8), rng), (3, 8))}, arch="bert")
   assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"), "unsupported architecture 'bert' (supported: gemma3, llama)")
+
+def test_run_streams_text_and_ends_with_a_summary():
+  r = tinyzoo("run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith("The capital of France is") and len(r.stdout.strip()) > len("The capital of France is")
+  summary = r.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(r"prompt 5 tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| \d+ kernels/token", summary), summary

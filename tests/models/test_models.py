@@ -2,6 +2,7 @@
 jitted decode steps at growing positions."""
 import numpy as np
 import pytest
+from tinygrad.codegen import to_program_cache
 from models.catalog import resolve_model
 from models.runtime import PREFILL_CHUNK, Runtime
 from tests.models.numpy_reference import forward
@@ -18,4 +19,8 @@ def test_logits_match_float64_reference(model: str, rng: np.random.Generator):
   scale = np.abs(want).max()
   assert np.abs(got - want).max() < 2e-3 * scale, f"max err {np.abs(got - want).max():.4g} at logit scale {scale:.3g}"
   assert np.argmax(got) == np.argmax(want)
-  assert rt._decode.captured is not None   # the steps above replayed the captured decode at growing positions
+  # steady state: more decode steps at new positions replay the same capture and compile nothing
+  captured, compiled = rt._decode.captured, len(to_program_cache)
+  assert captured is not None
+  for pos in range(len(ids), len(ids) + 3): rt.decode(ids[-1], pos).realize()
+  assert rt._decode.captured is captured and len(to_program_cache) == compiled
