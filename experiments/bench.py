@@ -3,14 +3,19 @@ capture and compile time, prefill speed, and llama.cpp measured in the same run 
 import json
 import os
 import statistics
+from collections import Counter
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from tinygrad import Device, Tensor, TinyJit, dtypes
+from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
 from experiments import journal, peer_llamacpp
+from experiments.kernels import CATEGORIES, replay_kernels
+from experiments.profile import attribute, buffer_labels, weight_bytes
 from models.runtime import Runtime
+from quant.linear import StrategyPlan
 from ops.sampling import Sampler, SamplerParams
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
@@ -20,17 +25,29 @@ class BenchConfig:
   tokens: int = 64
   warmup: int = 4
   ctx: int | None = None
-  strategy: str = "packed_dot"
+  strategy: str = "packed_dot"      # a StrategyPlan spec: "fused", "packed_dot,Q6_K=split", "packed_dot,ffn=split"
   rounding: str = "exact"
   fuse: bool = True
   row_upcast: int = DEFAULT_ROW_UPCAST
+  skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast,
-            "BEAM": int(os.environ.get("BEAM", 0) or 0), "JIT_BATCH_SIZE": os.environ.get("JIT_BATCH_SIZE")}
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
+            "BEAM": BEAM.value, "JIT_BATCH_SIZE": JIT_BATCH_SIZE.value}
+
+  def describe(self) -> str:
+    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in self.switches().items() if v not in (None, [], 0))
+
+  def runtime(self, path: Path, min_context: int) -> Runtime:
+    return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip)
+
+def prompt_ids(rt: Runtime, n: int) -> list[int]:
+  """A fixed prompt of n token ids, spread over the vocabulary."""
+  return [(7 * i + 11) % rt.cfg.vocab_size for i in range(n)]
 
 def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
   """GB/s of a large device copy in JIT steady state (bytes read plus bytes written)."""
@@ -42,17 +59,11 @@ def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
     t0 = time.perf_counter(); jit(src); dev.synchronize(); times.append(time.perf_counter() - t0)
   return 2 * src.nbytes() / min(times) / 1e9
 
-def weight_bytes(rt: Runtime) -> int:
-  """Bytes of weights one decoded token reads: every matmul's stored weights (packed, or the fp16 cache) and one embedding row."""
-  linears = sum(l.cache.nbytes() if l.cache is not None else l.weight.nbytes for l in rt.weights.linears)
-  return linears + rt.model.embed.nbytes // rt.cfg.vocab_size
-
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   t0 = time.perf_counter()
-  rt = Runtime(path, max_context=cfg.ctx or cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8, strategy=cfg.strategy, rounding=cfg.rounding,
-               fuse=cfg.fuse, progress=False, row_upcast=cfg.row_upcast)
+  rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0
-  prompt = [(7 * i + 11) % rt.cfg.vocab_size for i in range(cfg.prompt_tokens)]
+  prompt = prompt_ids(rt, cfg.prompt_tokens)
   rt.check_fits(cfg.prompt_tokens, cfg.warmup + cfg.tokens + 2)
   prefill_times = []
   for _ in range(3):   # eager (compiles), capture, replay
@@ -66,11 +77,15 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
     steps.append(time.perf_counter() - t0)
   timed = steps[2 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
-  nbytes = weight_bytes(rt)
+  labels = buffer_labels(rt.weights.labels)
+  kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
+  nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size)
+  categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
             "switches": cfg.switches(), "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
-            "metrics": {"kernels_per_token": rt.kernels_per_token(sampler), "tok_s": round(1e3 / statistics.median(ms), 3),
+            "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
+                        "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),

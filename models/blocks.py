@@ -34,6 +34,8 @@ class Attention:
     self.rounding = w.rounding
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device)
+    w.label(f"{prefix}.k_cache", "cache", self.cache.k)
+    w.label(f"{prefix}.v_cache", "cache", self.cache.v)
 
   def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
     B, T, _ = h.shape
@@ -65,9 +67,10 @@ class FeedForward:
   def __call__(self, x: Tensor) -> Tensor: return self.down(self.activation(self.gate(x), self.up(x)))
 
 class Block:
-  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma)."""
+  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma). Components the weights'
+  options skip are left out of the residual stream, to measure the others alone."""
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Attention, ffn: FeedForward, sandwich: bool = False):
-    self.attn, self.ffn, self.eps = attn, ffn, cfg.norm_eps
+    self.attn, self.ffn, self.eps, self.skip = attn, ffn, cfg.norm_eps, w.skip
     self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.ffn_norm.weight", cfg.dim)
     self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
     self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
@@ -75,8 +78,9 @@ class Block:
   def _post(self, h: Tensor, norm: Tensor | None) -> Tensor: return h if norm is None else rms_norm(h, norm, self.eps)
 
   def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
-    x = x + self._post(self.attn(rms_norm(x, self.attn_norm, self.eps), start_pos), self.post_attn_norm)
-    return x + self._post(self.ffn(rms_norm(x, self.ffn_norm, self.eps)), self.post_ffn_norm)
+    if "attention" not in self.skip: x = x + self._post(self.attn(rms_norm(x, self.attn_norm, self.eps), start_pos), self.post_attn_norm)
+    if "ffn" not in self.skip: x = x + self._post(self.ffn(rms_norm(x, self.ffn_norm, self.eps)), self.post_ffn_norm)
+    return x
 
 class Transformer:
   """Token ids [B, T] -> logits [B, vocab] at the last position."""
@@ -84,7 +88,7 @@ class Transformer:
     self.cfg, self.blocks, self.embed_scale = cfg, blocks, embed_scale
     self.embed: QTensor = w.table("token_embd.weight", cfg.vocab_size, cfg.dim)
     self.output_norm = w.vector("output_norm.weight", cfg.dim)
-    self.lm_head = w.linear("output", cfg.vocab_size, cfg.dim) if w.has("output.weight") else w.over(self.embed)
+    self.lm_head = w.linear("output", cfg.vocab_size, cfg.dim) if w.has("output.weight") else w.over(self.embed, "output")
 
   def __call__(self, tokens: Tensor, start_pos: sint) -> Tensor:
     x = self.embed.dequantize()[tokens]

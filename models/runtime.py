@@ -13,6 +13,7 @@ from models.tokenizer import Tokenizer
 from models.weights import Weights
 from ops.sampling import Sampler
 from quant.gguf_file import GGUFFile
+from quant.linear import StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast
 
 DEFAULT_CONTEXT = 2048
@@ -34,8 +35,9 @@ class Timing:
   def decode_s(self) -> float: return sum(self.steps)
 
 class Runtime:
-  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: str = "packed_dot", rounding: str = "exact",
-               fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST):
+  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
+               fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
+               skip: tuple[str, ...] = ()):
     use_row_upcast(row_upcast)
     self.gguf = GGUFFile(path)
     build = builder_for(self.gguf)
@@ -43,7 +45,7 @@ class Runtime:
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse)
+    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip)
     self.model = build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)

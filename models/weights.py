@@ -1,17 +1,29 @@
-"""Taking a model's tensors out of a GGUF file by name, checked against the shapes the config implies."""
-from gguf import GGMLQuantizationType
+"""Taking a model's tensors out of a GGUF file by name, checked against the shapes the config implies, and the
+options the blocks are built with. Every device tensor made here is labelled with its name, so that a profile can
+say which weight (or cache) each kernel reads."""
+from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
-from quant.linear import QuantLinear
+from quant.linear import QuantLinear, StrategyPlan
 from quant.qtensor import QTensor, concat_rows
 
+SKIPPABLE = ("attention", "ffn")   # component isolation: blocks leave these out of the residual stream
+LabelKind = Literal["matmul", "vector", "table", "cache"]
+
 class Weights:
-  def __init__(self, g: GGUFFile, strategy: dict[GGMLQuantizationType, str] | str = "packed_dot", device: str | None = None,
-               progress: bool = False, rounding: str = "exact", fuse: bool = True):
-    self.g, self.device, self.strategy, self.rounding, self.fuse = g, device, strategy, rounding, fuse
+  def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
+               progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = ()):
+    if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
+    self.g, self.device, self.rounding, self.fuse, self.skip = g, device, rounding, fuse, frozenset(skip)
+    self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
-    self.linears: list[QuantLinear] = []   # every matmul made, for what a token reads
+    self.linears: list[QuantLinear] = []   # every matmul made
+    self.labels: list[tuple[str, LabelKind, Tensor]] = []   # (name, kind, device tensor) of everything made here
+
+  def label(self, name: str, kind: LabelKind, t: Tensor) -> Tensor:
+    self.labels.append((name, kind, t))
+    return t
 
   def _load(self, name: str, shape: tuple[int, ...]) -> QTensor:
     if name not in self.g.tensors: raise self.g.fail(f"missing tensor {name!r}")
@@ -25,7 +37,7 @@ class Weights:
   def _bias(self, name: str, size: int) -> Tensor | None: return self.vector(f"{name}.bias", size) if self.has(f"{name}.bias") else None
 
   def linear(self, name: str, out_features: int, in_features: int) -> QuantLinear:
-    return self.over(self._load(f"{name}.weight", (out_features, in_features)), self._bias(name, out_features))
+    return self.over(self._load(f"{name}.weight", (out_features, in_features)), name, self._bias(name, out_features))
 
   def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":
     """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""
@@ -37,22 +49,25 @@ class Weights:
     for members in groups.values():
       bias = None if all(biases[i] is None for i in members) else \
         Tensor.cat(*[biases[i] if biases[i] is not None else Tensor.zeros(outs[i]) for i in members]).realize()
-      fused.append((members, self.over(weights[members[0]] if len(members) == 1 else concat_rows([weights[i] for i in members]), bias)))
+      joined = names[members[0]] + "".join("+" + names[i].rsplit(".", 1)[-1] for i in members[1:])
+      fused.append((members, self.over(weights[members[0]] if len(members) == 1 else concat_rows([weights[i] for i in members]), joined, bias)))
     return Projections(fused, outs)
 
-  def over(self, w: QTensor, bias: Tensor | None = None) -> QuantLinear:
+  def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
-    strategy = self.strategy if isinstance(self.strategy, str) else self.strategy.get(w.ggml_type, "packed_dot")
-    self.linears.append(linear := QuantLinear(w, bias, strategy, self.rounding))
+    self.linears.append(linear := QuantLinear(w, bias, self.plan.for_weight(name, w.ggml_type), self.rounding))
+    self.label(name, "matmul", linear.cache if linear.cache is not None else w.blocks)
     return linear
 
   def vector(self, name: str, size: int) -> Tensor:
     """A small float tensor (norm weight, bias), dequantized once."""
-    return self._load(name, (size,)).dequantize().realize()
+    return self.label(name.removesuffix(".weight"), "vector", self._load(name, (size,)).dequantize().realize())
 
   def table(self, name: str, rows: int, cols: int) -> QTensor:
     """An embedding table, kept packed: rows are dequantized when they are looked up."""
-    return self._load(name, (rows, cols))
+    qt = self._load(name, (rows, cols))
+    self.label(name.removesuffix(".weight"), "table", qt.blocks)
+    return qt
 
 class Projections:
   """Calls its matmuls on one input and returns each projection's output, in the order they were named."""

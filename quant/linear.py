@@ -4,13 +4,47 @@
   matching slice of the activations and everything is summed in one reduce: for Q4_0, sum((nib-8)*x*scale).
 - fused: the full dequantize expression (nibbles interleaved back into logical order) inside the matmul.
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
+- split: the dequantize is made `.contiguous()` on every call, then a plain matmul: two kernels, the second a GEMV
+  tinygrad optimizes well, at the price of writing and reading the weights in fp32 (seed 003's "selective split").
 """
+from dataclasses import dataclass, field
+from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
 from quant.qtensor import QTensor
 
-STRATEGIES = ("packed_dot", "fused", "dequant_cache")
+STRATEGIES = ("packed_dot", "fused", "dequant_cache", "split")
+
+def _check_strategy(strategy: str) -> str:
+  if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+  return strategy
+
+@dataclass(frozen=True)
+class StrategyPlan:
+  """Which strategy each matmul uses: `ffn` for the feed-forward weights when set, else the one for its GGML type,
+  else `default`. Written as a spec: "fused", "packed_dot,Q6_K=split" or "packed_dot,ffn=split"."""
+  default: str = "packed_dot"
+  by_type: dict[GGMLQuantizationType, str] = field(default_factory=dict)
+  ffn: str | None = None
+
+  @staticmethod
+  def parse(spec: str) -> "StrategyPlan":
+    default, by_type, ffn = "packed_dot", {}, None
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+      key, _, value = item.rpartition("=")
+      if not key: default = _check_strategy(value)
+      elif key == "ffn": ffn = _check_strategy(value)
+      elif key in GGMLQuantizationType.__members__: by_type[GGMLQuantizationType[key]] = _check_strategy(value)
+      else: raise ValueError(f"strategy spec {spec!r}: {key!r} is neither a GGML type (Q4_0, Q6_K, ...) nor 'ffn'")
+    return StrategyPlan(default, by_type, ffn)
+
+  def for_weight(self, name: str, ggml_type: GGMLQuantizationType) -> str:
+    if self.ffn is not None and ".ffn_" in name: return self.ffn
+    return self.by_type.get(ggml_type, self.default)
+
+  def spec(self) -> str:
+    return ",".join([self.default, *(f"{t.name}={s}" for t, s in self.by_type.items()), *([f"ffn={self.ffn}"] if self.ffn else [])])
 
 def packed_dot(fmt: BlockFormat, blocks: Tensor, x: Tensor, sel: Tensor | None = None) -> Tensor:
   """blocks [..., O, nb, block_bytes], x [..., in] (leading dims broadcast) -> [..., O].
@@ -28,7 +62,7 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
 
 class _PackedWeight:
   def __init__(self, weight: QTensor, strategy: str = "packed_dot", rounding: str = "exact"):
-    if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     self.weight, self.strategy, self.rounding = weight, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
@@ -37,7 +71,8 @@ class _PackedWeight:
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.strategy == "packed_dot": return packed_dot(self.weight.format, self.weight.blocks, x, sel)
     w = self.weight.dequantize() if self.cache is None else self.cache
-    return dense_dot(w if sel is None else w[sel], x)
+    if sel is not None: w = w[sel]
+    return dense_dot(w.contiguous() if self.strategy == "split" else w, x)
 
 class QuantLinear(_PackedWeight):
   """y = x @ W.T (+ bias) with W [out, in] kept packed."""

@@ -1,0 +1,324 @@
+"""Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run, speed against the memory
+floor and the peers, the kernel mix, and tok/s over commits.
+
+Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), written whole or not at all: saved to a
+temp file beside the target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
+import datetime
+import itertools
+import math
+import os
+import re
+import statistics
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+KINDS = ("kernels", "speed", "breakdown", "history")
+FORMATS = ("png", "svg", "pdf")
+CATEGORIES = ("matmul", "reduce", "elementwise", "copy")   # stacked bottom to top; others follow, sorted
+DPI = 120
+SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible
+BASELINE_COLOR, VARIANT_COLOR, TOKS_COLOR, FLOOR_COLOR = "#9e9e9e", "#4c72b0", "#dd8452", "#c44e52"
+CATEGORY_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+LABEL_BOX = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+PEER_STYLES = (("#2ca02c", "--"), ("#9467bd", "-."), ("#8c564b", ":"), ("#17becf", "--"))
+
+def short_device(device: str) -> str:
+  """'CPU: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz, 2 cores' -> 'CPU: Intel Xeon Platinum 8375C, 2 cores'."""
+  backend, sep, hw = (device or "unknown device").partition(": ")
+  if not sep: return backend
+  name, *rest = hw.split(", ")
+  name = re.sub(r"\((R|TM)\)|@.*$|\b(CPU|Processor)\b", " ", name, flags=re.I)
+  name = " ".join(name.split()) or hw.split(", ")[0]
+  return f"{backend}: {', '.join([name, *rest])}"
+
+def short_engine(peer: dict) -> str:
+  engine = str(peer.get("engine", "peer"))
+  return "tinygrad app" if engine.startswith("tinygrad") else engine.split(" ")[0]
+
+def _time(r: dict) -> float:
+  try: return datetime.datetime.fromisoformat(r["time"]).timestamp()
+  except (KeyError, TypeError, ValueError): return -math.inf
+
+def _metrics(r: dict) -> dict: return r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
+
+def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+def _plural(n: int, word: str) -> str: return f"{n} {word}{'' if n == 1 else 's'}"
+
+def _check_experiment(experiment: str | None, known: list[str]) -> None:
+  if experiment is not None and experiment not in known:
+    raise ValueError(f"unknown experiment {experiment!r}; known: {', '.join(known) or 'none (no journal record comes from an experiment run)'}")
+
+@dataclass
+class Panel:
+  """The variants of one experiment's latest run on one model and device, baseline first."""
+  experiment: str
+  run: Any
+  model: str
+  device: str
+  records: list[dict]
+
+  @property
+  def title(self) -> str: return f"{self.experiment} · {self.model}\n{short_device(self.device)}"
+
+  def labels(self) -> list[str]: return [f"{r['variant']}\n(baseline)" if r.get("baseline") else str(r["variant"]) for r in self.records]
+
+def _panels(records: list[dict], experiment: str | None, model: str | None, need: Callable[[dict], bool], what: str,
+            notes: list[str]) -> list[Panel]:
+  runs = [r for r in records if r.get("experiment")]
+  known = sorted({str(r["experiment"]) for r in runs})
+  _check_experiment(experiment, known)
+  if not runs:
+    raise ValueError("no experiment records in the journal (only `exp run` records carry experiment, variant, run); kind 'history' plots every bench")
+  if len(runs) < len(records): notes.append(f"{_plural(len(records) - len(runs), 'record')} outside experiments not shown")
+  runs = [r for r in runs if experiment is None or r["experiment"] == experiment]
+  if model is not None:
+    models = sorted({str(r.get("model")) for r in runs})
+    runs = [r for r in runs if r.get("model") == model]
+    if not runs: raise ValueError(f"no experiment records for model {model!r}; models: {', '.join(models)}")
+  panels, skipped = [], Counter()
+  for name in sorted({str(r["experiment"]) for r in runs}):
+    by_run = defaultdict(list)
+    for r in runs:
+      if r["experiment"] == name: by_run[r.get("run")].append(r)
+    run_id = max(by_run, key=lambda k: max(map(_time, by_run[k])))
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in sorted(by_run[run_id], key=_time):
+      if r.get("variant") is None: skipped["without a variant name"] += 1
+      elif not need(r): skipped[f"without {what}"] += 1
+      else: groups[(str(r.get("model")), str(r.get("device")))][str(r["variant"])] = r   # a variant measured twice: the latest
+    for (mod, dev), variants in groups.items():
+      ordered = sorted(variants.values(), key=lambda r: (not r.get("baseline"), _time(r)))
+      panels.append(Panel(name, run_id, mod, dev, ordered))
+  notes.extend(f"skipped {_plural(n, 'record')} {why}" for why, n in skipped.items())
+  if not panels:
+    scope = f"experiment {experiment!r}" if experiment else "the latest experiment runs"
+    if set(skipped) <= {f"without {what}"}: raise ValueError(f"no record of {scope}{f' on {model!r}' if model else ''} has {what}; nothing to plot")
+    reasons = [f"{_plural(n, 'record')} {why}" for why, n in skipped.items()]
+    raise ValueError(f"nothing to plot from {scope}: skipped {', '.join(reasons) or 'every record'}")
+  return panels
+
+def _grid(n: int, width: float, height: float) -> tuple[Figure, list[Axes]]:
+  cols = 1 if n == 1 else 2
+  rows = math.ceil(n / cols)
+  fig = Figure(figsize=(width * cols, height * rows), dpi=DPI)
+  return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
+
+def _panel_width(panels: list[Panel]) -> float: return max(5.5, 2.8 + 1.0 * max(len(p.records) for p in panels))
+
+def _variant_ticks(ax: Axes, panel: Panel) -> None:
+  labels = panel.labels()
+  long = max(len(s) for l in labels for s in l.split("\n")) > 10 or len(labels) > 5
+  ax.set_xticks(range(len(labels)), labels, rotation=30 if long else 0, ha="right" if long else "center", fontsize=8,
+                rotation_mode="anchor" if long else "default")
+  for tick, r in zip(ax.get_xticklabels(), panel.records):
+    if r.get("baseline"): tick.set_fontweight("bold")
+
+def _bar_style(r: dict) -> dict:
+  return {"facecolor": BASELINE_COLOR, "hatch": "//", "edgecolor": "black"} if r.get("baseline") else \
+    {"facecolor": VARIANT_COLOR, "edgecolor": "black"}
+
+def _kernels(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  panels = _panels(records, experiment, model, lambda r: _number(_metrics(r).get("kernels_per_token")), "metrics.kernels_per_token", notes)
+  fig, axes = _grid(len(panels), _panel_width(panels), 4.4)
+  for ax, p in zip(axes, panels):
+    x = list(range(len(p.records)))
+    kpt = [_metrics(r)["kernels_per_token"] for r in p.records]
+    tok = [_metrics(r).get("tok_s") if _number(_metrics(r).get("tok_s")) else math.nan for r in p.records]
+    bars = ax.bar(x, kpt, width=0.6, linewidth=0.8)
+    for bar, r in zip(bars, p.records): bar.set(**_bar_style(r))
+    for xi, k in zip(x, kpt):   # at the foot of the bar, clear of the tok/s line above
+      ax.annotate(f"{k:g}", (xi, 0), textcoords="offset points", xytext=(0, 4), ha="center", va="bottom", fontsize=8, bbox=LABEL_BOX)
+    ax.set_ylim(0, max(kpt) * 1.1 or 1)
+    ax.set_ylabel("kernels / token")
+    ax2 = ax.twinx()
+    ax2.plot(x, tok, "-o", color=TOKS_COLOR, lw=1.5, ms=6, label="tok/s")
+    for xi, t in zip(x, tok):
+      if not math.isnan(t):
+        ax2.annotate(f"{t:.2f}", (xi, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8, color=TOKS_COLOR, bbox=LABEL_BOX)
+    finite = [t for t in tok if not math.isnan(t)]
+    ax2.set_ylim(0, max(finite) * 1.2 if finite else 1)
+    ax2.set_ylabel("tok/s (decode, median)", color=TOKS_COLOR)
+    ax2.tick_params(axis="y", colors=TOKS_COLOR)
+    _variant_ticks(ax, p)
+    ax.set_title(p.title, fontsize=10)
+  return fig, [Patch(**_bar_style({}), label="kernels/token (bars)"), Patch(**_bar_style({"baseline": True}), label="baseline"),
+               Line2D([], [], color=TOKS_COLOR, marker="o", label="tok/s (right axis)")]
+
+def _peers(r: dict) -> list[dict]:
+  peers = r.get("peers") if isinstance(r.get("peers"), list) else [r["peer"]] if isinstance(r.get("peer"), dict) else []
+  return [p for p in peers if isinstance(p, dict) and _number(p.get("tok_s"))]
+
+def _speed(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  panels = _panels(records, experiment, model, lambda r: _number(_metrics(r).get("tok_s")), "metrics.tok_s", notes)
+  styles = dict(zip(sorted({short_engine(peer) for p in panels for r in p.records for peer in _peers(r)}), itertools.cycle(PEER_STYLES)))
+  fig, axes = _grid(len(panels), _panel_width(panels), 4.6)
+  for ax, p in zip(axes, panels):
+    x = list(range(len(p.records)))
+    tok = [_metrics(r)["tok_s"] for r in p.records]
+    ms = [_metrics(r).get("ms_per_token") if isinstance(_metrics(r).get("ms_per_token"), dict) else {} for r in p.records]
+    lo = [1e3 / m["max"] if _number(m.get("max")) and m["max"] > 0 else t for m, t in zip(ms, tok)]
+    hi = [1e3 / m["min"] if _number(m.get("min")) and m["min"] > 0 else t for m, t in zip(ms, tok)]
+    yerr = [[max(t - l, 0) for t, l in zip(tok, lo)], [max(h - t, 0) for t, h in zip(tok, hi)]]
+    bars = ax.bar(x, tok, width=0.6, linewidth=0.8, yerr=yerr, capsize=4, error_kw={"elinewidth": 1, "ecolor": "black"})
+    for bar, r in zip(bars, p.records): bar.set(**_bar_style(r))
+    for xi, t in zip(x, tok):   # beside the error bar, over the bar's left corner
+      ax.annotate(f"{t:.2f}", (xi - 0.28, t), textcoords="offset points", xytext=(0, 2), ha="left", va="bottom", fontsize=8, bbox=LABEL_BOX)
+    floors = [1e3 / _metrics(r)["floor_ms"] if _number(_metrics(r).get("floor_ms")) and _metrics(r)["floor_ms"] > 0 else math.nan for r in p.records]
+    values = tok + hi + [f for f in floors if not math.isnan(f)]
+    if any(not math.isnan(f) for f in floors):
+      ax.scatter(x, floors, marker="_", s=900, linewidths=2.5, color=FLOOR_COLOR, zorder=3)
+      for xi, f in zip(x, floors):
+        if not math.isnan(f): ax.annotate(f"{f:.0f}", (xi, f), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7, color=FLOOR_COLOR)
+    engines = defaultdict(list)
+    for r in p.records:
+      for peer in _peers(r): engines[short_engine(peer)].append(peer["tok_s"])
+    for engine, vals in sorted(engines.items()):
+      v, (color, ls) = statistics.median(vals), styles[engine]
+      values.append(v)
+      ax.axhline(v, color=color, ls=ls, lw=1.5, zorder=1)
+      ax.text(0.995, v, f"{engine} {v:.1f} tok/s", transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7, color=color,
+              bbox=LABEL_BOX)
+    positive = [v for v in values if v > 0]
+    if max(positive) / min(positive) > 15:
+      ax.set_yscale("log")
+      ax.set_ylim(min(positive) / 2, max(positive) * 3)
+    else: ax.set_ylim(0, max(positive) * 1.25)
+    ax.set_ylabel("tok/s (decode)" + (", log scale" if ax.get_yscale() == "log" else "") + "\nfloor: bytes/token at copy bandwidth", fontsize=9)
+    _variant_ticks(ax, p)
+    ax.set_title(p.title, fontsize=10)
+  handles = [Patch(**_bar_style({}), label="tok/s: median, min-max"), Patch(**_bar_style({"baseline": True}), label="baseline"),
+             Line2D([], [], color=FLOOR_COLOR, marker="_", ms=14, mew=2.5, ls="", label="memory floor")]
+  return fig, handles + [Line2D([], [], color=c, ls=ls, label=f"{engine} (peer)") for engine, (c, ls) in styles.items()]
+
+def _categories(r: dict) -> dict | None:
+  cats = _metrics(r).get("kernel_categories")
+  return cats if isinstance(cats, dict) and cats and all(_number(v) for v in cats.values()) else None
+
+def _breakdown(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  panels = _panels(records, experiment, model, lambda r: _categories(r) is not None, "metrics.kernel_categories", notes)
+  extra = sorted({c for p in panels for r in p.records for c in _categories(r)} - set(CATEGORIES))
+  order = CATEGORIES + tuple(extra)
+  fig, axes = _grid(len(panels), _panel_width(panels), 4.4)
+  for ax, p in zip(axes, panels):
+    x = list(range(len(p.records)))
+    bottom = [0.0] * len(x)
+    for i, cat in enumerate(order):
+      vals = [_categories(r).get(cat, 0) for r in p.records]
+      bars = ax.bar(x, vals, bottom=bottom, width=0.6, color=CATEGORY_COLORS[i % len(CATEGORY_COLORS)], edgecolor="black", linewidth=0.6, label=cat)
+      for bar, r in zip(bars, p.records):
+        if r.get("baseline"): bar.set_hatch("//")
+      ax.bar_label(bars, labels=[f"{v:g}" if v else "" for v in vals], label_type="center", fontsize=7)
+      bottom = [b + v for b, v in zip(bottom, vals)]
+    for xi, total in zip(x, bottom): ax.annotate(f"{total:g}", (xi, total), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    ax.set_ylim(0, max(bottom) * 1.1 or 1)
+    ax.set_ylabel("kernels / token")
+    _variant_ticks(ax, p)
+    ax.set_title(p.title, fontsize=10)
+  handles = [Patch(facecolor=CATEGORY_COLORS[i % len(CATEGORY_COLORS)], edgecolor="black", label=cat) for i, cat in enumerate(order)]
+  return fig, handles + [Patch(facecolor="white", edgecolor="black", hatch="//", label="baseline")]
+
+def _history(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  known = sorted({str(r["experiment"]) for r in records if r.get("experiment")})
+  _check_experiment(experiment, known)
+  sel = [r for r in records if (not r.get("experiment") and experiment is None) or (r.get("baseline") and experiment in (None, r.get("experiment")))]
+  variants = sum(1 for r in records if r.get("experiment") and not r.get("baseline") and experiment in (None, r["experiment"]))
+  if variants: notes.append(f"{_plural(variants, 'experiment variant record')} not shown (baselines only)")
+  if model is not None:
+    models = sorted({str(r.get("model")) for r in sel})
+    sel = [r for r in sel if r.get("model") == model]
+    if not sel: raise ValueError(f"no bench or baseline records for model {model!r}; models: {', '.join(models) or 'none'}")
+  good = [r for r in sel if _number(_metrics(r).get("tok_s"))]
+  if len(good) < len(sel): notes.append(f"skipped {_plural(len(sel) - len(good), 'record')} without metrics.tok_s")
+  if not good: raise ValueError("no bench or baseline record with metrics.tok_s to plot over commits")
+  good.sort(key=_time)
+  commit = lambda r: (str(r.get("commit") or "?")[:7], bool(r.get("dirty")))
+  xs = {c: i for i, c in enumerate(dict.fromkeys(map(commit, good)))}
+  lines: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+  for r in good: lines[(str(r.get("model")), str(r.get("device")))][xs[commit(r)]].append(r)
+  fig = Figure(figsize=(max(7.0, 2.5 + 0.75 * len(xs)), 4.8), dpi=DPI)
+  ax = fig.add_subplot(1, 1, 1)
+  ax2 = ax.twinx()
+  handles, extras, kmax = [], False, 0
+  for i, ((mod, dev), points) in enumerate(sorted(lines.items())):
+    color = CATEGORY_COLORS[i % len(CATEGORY_COLORS)]
+    px = sorted(points)
+    latest = [points[x][-1] for x in px]   # several records at one commit: the latest carries the line, the rest are dots
+    tok = [_metrics(r)["tok_s"] for r in latest]
+    handles += ax.plot(px, tok, "-o", color=color, lw=1.8, ms=6, label=f"{mod} · {short_device(dev)}")
+    for x, t in zip(px, tok): ax.annotate(f"{t:.2f}", (x, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color)
+    for x in px:
+      for r in points[x][:-1]:
+        ax.plot([x], [_metrics(r)["tok_s"]], "o", ms=5, mfc="none", color=color, alpha=0.6)
+        extras = True
+    kx = [x for x, r in zip(px, latest) if _number(_metrics(r).get("kernels_per_token"))]
+    kpt = [_metrics(r)["kernels_per_token"] for r in latest if _number(_metrics(r).get("kernels_per_token"))]
+    if kpt:
+      ax2.plot(kx, kpt, "--s", color=color, lw=1.2, ms=4, alpha=0.8)
+      kmax = max(kmax, *kpt)
+  ax.set_xticks(range(len(xs)), [c + ("+" if dirty else "") for c, dirty in xs], rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
+  ax.set_xlim(-0.5, len(xs) - 0.5)
+  ax.set_xlabel("commit, in time order (+: uncommitted changes)")
+  ax.set_ylabel("tok/s (decode, median)")
+  ax.set_ylim(0, max(_metrics(r)["tok_s"] for r in good) * 1.25)
+  ax2.set_ylim(0, kmax * 1.25 or 1)
+  ax2.set_ylabel("kernels / token (dashed)")
+  handles.append(Line2D([], [], color="dimgray", ls="--", marker="s", ms=4, label="kernels/token (right axis)"))
+  if extras: handles.append(Line2D([], [], color="dimgray", ls="", marker="o", mfc="none", label="other records at that commit"))
+  ax.legend(handles=handles, fontsize=7, loc="upper left", framealpha=0.85)
+  ax.grid(axis="y", alpha=0.3)
+  models = ", ".join(dict.fromkeys(m for m, _ in sorted(lines)))
+  devices = ", ".join(dict.fromkeys(short_device(d) for _, d in sorted(lines))) if len({d for _, d in lines}) == 1 else \
+    "; ".join(dict.fromkeys(short_device(d) for _, d in sorted(lines)))
+  ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''} · {models}\n{devices}", fontsize=10)
+  return fig, []
+
+DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history}
+
+def figure(records: list[dict], kind: str, experiment: str | None = None, model: str | None = None) -> Figure:
+  """The chart as a matplotlib Figure (not saved); ValueError, one line, when there is nothing to draw."""
+  if kind not in KINDS: raise ValueError(f"unknown plot kind {kind!r}; kinds: {', '.join(KINDS)}")
+  if not records: raise ValueError("the journal is empty: nothing to plot")
+  notes: list[str] = []
+  fig, legend = DRAW[kind]([r for r in records if isinstance(r, dict)], experiment, model, notes)
+  bottom, top = 0.0, 1.0
+  if notes:
+    fig.text(0.005, 0.005, "note: " + "; ".join(notes), fontsize=7, color="dimgray", ha="left", va="bottom")
+    bottom = min(0.1, 0.22 / fig.get_figheight())
+  if legend:   # one legend for all subplots, above them, in as many rows as the width needs
+    ncol = max(1, min(len(legend), int(0.95 * fig.get_figwidth() / (0.5 + 0.065 * max(len(h.get_label()) for h in legend)))))
+    fig.legend(handles=legend, loc="upper center", ncol=ncol, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 1.0))
+    top = 1 - min(0.25, (0.12 + 0.2 * math.ceil(len(legend) / ncol)) / fig.get_figheight())
+  fig.tight_layout(rect=(0, bottom, 1, top))
+  return fig
+
+def save(fig: Figure, out: os.PathLike | str) -> Path:
+  """Writes `fig` to `out` (format from the suffix) through a temp file beside it, so `out` is whole or untouched."""
+  out = Path(out)
+  fmt = out.suffix[1:].lower()
+  if fmt not in FORMATS: raise ValueError(f"cannot write {out.name!r}: the suffix picks the format, one of {', '.join('.' + f for f in FORMATS)}")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+  try:
+    with os.fdopen(fd, "wb") as f, matplotlib.rc_context(SVG_RC): fig.savefig(f, format=fmt, dpi=DPI)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+  return out
+
+def plot(records: list[dict], kind: str, out: os.PathLike | str, experiment: str | None = None, model: str | None = None) -> Path:
+  """Draws `kind` (one of KINDS) from journal records and writes it to `out`; returns `out`. SVG text stays text (searchable)."""
+  if Path(out).suffix[1:].lower() not in FORMATS:
+    raise ValueError(f"cannot write {Path(out).name!r}: the suffix picks the format, one of {', '.join('.' + f for f in FORMATS)}")
+  with matplotlib.rc_context({"hatch.linewidth": 0.6}):
+    return save(figure(records, kind, experiment, model), out)

@@ -1,0 +1,183 @@
+"""`tinyzoo profile`: one decode step kernel by kernel: its category, the block and module that made it (found from the
+labelled weights and caches it reads), and its time where the backend can measure one kernel alone."""
+import re
+import statistics
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from unittest import mock
+import tinygrad.engine.jit as tinygrad_jit
+from tinygrad import Device
+from tinygrad.device import Buffer
+from tinygrad.engine.realize import ExecContext, pm_exec
+from tinygrad.uop.ops import Ops, UOp
+from experiments.kernels import CATEGORIES, Kernel, replay_kernels
+from models.weights import LabelKind
+
+Labels = dict[Buffer, list[tuple[str, LabelKind]]]   # device buffer -> what it holds
+
+@dataclass(frozen=True)
+class KernelRow:
+  index: int
+  name: str
+  category: str
+  block: str                # "blk.3", or "embed", "head", "sampler" outside the blocks
+  module: str               # what it reads that says what it is: "ffn_down", "attn_q+attn_k+attn_v", "k_cache"; "-" when nothing
+  reads: tuple[str, ...]    # every labelled weight or cache it touches
+  us: float | None          # median time, or its batch's average when `batched`
+  batched: bool
+
+def _buffer(u: UOp) -> Buffer | None:
+  while u.op is not Ops.BUFFER and u.src: u = u.src[0]
+  return u.buffer if u.op is Ops.BUFFER and isinstance(u.buffer, Buffer) else None
+
+def buffer_labels(labels: list[tuple[str, LabelKind, object]]) -> Labels:
+  """Device buffer -> the (name, kind) labels of the tensors it holds; a tied embedding is both a table and a matmul."""
+  out: Labels = {}
+  for name, kind, t in labels: out.setdefault(t.uop.base.buffer, []).append((name, kind))  # type: ignore[attr-defined]
+  return out
+
+_PRIORITY: dict[str, int] = {"matmul": 0, "cache": 1, "table": 2, "vector": 3}
+
+def category(k: Kernel, kinds: set[str]) -> str:
+  if k.is_reduce: return "matmul" if kinds & {"matmul", "cache"} else "reduce"
+  return "elementwise" if k.computes else "copy"
+
+def _place(name: str) -> tuple[str, str]:
+  if (m := re.match(r"(blk\.\d+)\.(.+)", name)): return m.group(1), m.group(2)
+  return ("embed" if name.startswith("token_embd") else "head"), name
+
+def _read(k: Kernel, labels: Labels) -> list[tuple[str, LabelKind]]:
+  """The labels of what a kernel touches, most telling first; a buffer that is both table and matmul is a matmul to a
+  reduce and a table to a lookup."""
+  read = set()
+  for s in k.call.src[1:]:
+    if (b := _buffer(s)) is None or b not in labels: continue
+    kinds = [nk for nk in labels[b] if nk[1] != ("table" if k.is_reduce else "matmul")] or labels[b]
+    read.add(kinds[0])
+  return sorted(read, key=lambda nk: (_PRIORITY[nk[1]], nk[0]))
+
+def attribute(kernels: list[Kernel], labels: Labels) -> list[tuple[str, str, str, tuple[str, ...]]]:
+  """(category, block, module, reads) per kernel. A kernel reading nothing labelled belongs to the block of the next one
+  that does (the norm that feeds a matmul), or of the one before it at the end."""
+  read = [_read(k, labels) for k in kernels]
+  places = [_place(r[0][0]) if r else None for r in read]
+  blocks = [p[0] if p else None for p in places]
+  for i in reversed(range(len(blocks) - 1)): blocks[i] = blocks[i] or blocks[i + 1]
+  for i in range(1, len(blocks)): blocks[i] = blocks[i] or blocks[i - 1]
+  return [(category(k, {kind for _, kind in r}), b or "-", p[1] if p else "-", tuple(name for name, _ in r))
+          for k, r, p, b in zip(kernels, read, places, blocks)]
+
+def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int) -> int:
+  """Bytes of weights one replay reads: every matmul weight it touches whole, one row of an embedding table it only looks up."""
+  touched = {b for k in kernels for s in k.call.src[1:] if (b := _buffer(s)) is not None and b in labels}
+  kinds = {b: {kind for _, kind in labels[b]} for b in touched}
+  return sum(b.nbytes if "matmul" in kinds[b] else b.nbytes // table_rows for b in touched if kinds[b] & {"matmul", "table"})
+
+@contextmanager
+def timed_replays(per_call: dict[UOp, list[list[float]]]):
+  """While active, every JIT replay runs its calls one at a time, waiting for each, and appends their seconds to
+  `per_call[linear]`."""
+  def run_timed(linear: UOp, var_vals=None, input_uops=(), update_stats=True, jit=False, wait=False):  # noqa: ARG001 (run_linear's signature)
+    ctx = ExecContext(var_vals or {}, tuple(input_uops), update_stats=False, jit=jit, wait=True)
+    times = []
+    for call in linear.src:
+      dev = Device[call.src[1].device if isinstance(call.src[1].device, str) else call.src[1].device[0]]
+      t0 = time.perf_counter()
+      ets = pm_exec.rewrite(call, ctx) or []
+      dev.synchronize()
+      wall = time.perf_counter() - t0
+      times.append(sum(e for e in ets if e is not None) if ets and all(e is not None for e in ets) else wall)
+    per_call.setdefault(linear, []).append(times)
+  with mock.patch.object(tinygrad_jit, "run_linear", run_timed): yield
+
+def rows_for(linear: UOp, labels: Labels, replay_times: list[list[float]], block: str | None = None) -> list[KernelRow]:
+  """One row per kernel of `linear`; times are medians over the timed replays, split evenly inside a batch."""
+  kernels = replay_kernels(linear)
+  per_batch = Counter(k.batch for k in kernels if k.batch is not None)
+  call_median = [statistics.median(ts) * 1e6 for ts in zip(*replay_times)] if replay_times else []
+  rows, call = [], -1
+  for i, (k, (cat, blk, module, reads)) in enumerate(zip(kernels, attribute(kernels, labels))):
+    if k.batch is None or i == 0 or kernels[i - 1].batch != k.batch: call += 1
+    us = None if not call_median else call_median[call] / (per_batch[k.batch] if k.batch is not None else 1)
+    rows.append(KernelRow(i, k.name, cat, block or blk, module, reads, us, k.batch is not None))
+  return rows
+
+def block_summary(rows: list[KernelRow]) -> list[dict]:
+  """Per block, in order of first appearance: kernels, kernels per category and total time."""
+  blocks: dict[str, dict] = {}
+  for r in rows:
+    b = blocks.setdefault(r.block, {"block": r.block, "kernels": 0, **{c: 0 for c in CATEGORIES}, "us": 0.0})
+    b["kernels"] += 1
+    b[r.category] += 1
+    b["us"] += r.us or 0.0
+  return list(blocks.values())
+
+def pattern(rows: list[KernelRow], block: str) -> tuple:
+  return tuple((r.category, r.module) for r in rows if r.block == block)
+
+def report(title: str, rows: list[KernelRow], timing_note: str, show_all: bool = False) -> str:
+  total_us = sum(r.us or 0.0 for r in rows)
+  lines = [title, f"{len(rows)} kernels, {total_us / 1e3:.2f} ms summed over kernels. {timing_note}", ""]
+  summary = block_summary(rows)
+  head = f"{'where':<10} {'kernels':>7} " + " ".join(f"{c:>11}" for c in CATEGORIES) + f" {'ms':>8} {'share':>6}"
+  lines += [head, "-" * len(head)]
+  for b in summary:
+    share = 100 * b["us"] / total_us if total_us else 0.0
+    lines.append(f"{b['block']:<10} {b['kernels']:>7} " + " ".join(f"{b[c]:>11}" for c in CATEGORIES) + f" {b['us'] / 1e3:>8.3f} {share:>5.1f}%")
+  totals = Counter(r.category for r in rows)
+  lines.append(f"{'total':<10} {len(rows):>7} " + " ".join(f"{totals[c]:>11}" for c in CATEGORIES) + f" {total_us / 1e3:>8.3f} 100.0%")
+  blocks = [b["block"] for b in summary if b["block"].startswith("blk.")]
+  groups: dict[tuple, list[str]] = {}
+  for b in blocks: groups.setdefault(pattern(rows, b), []).append(b)
+  if groups:
+    lines += ["", "Per-block kernel map (blocks with the same kernels in the same order share one listing):"]
+    for members in groups.values():
+      lines += ["", f"{_ranges(members)}: {len(pattern(rows, members[0]))} kernels each"]
+      lines += _kernel_table([r for r in rows if r.block == members[0]], with_block=False)
+  others = [r for r in rows if not r.block.startswith("blk.")]
+  if others: lines += ["", "Outside the blocks:", *_kernel_table(others, with_block=True)]
+  if show_all: lines += ["", "Every kernel in replay order:", *_kernel_table(rows, with_block=True)]
+  return "\n".join(lines)
+
+def _ranges(blocks: list[str]) -> str:
+  ids = [int(b.split(".")[1]) for b in blocks]
+  return f"blk.{ids[0]}" if len(ids) == 1 else f"{len(ids)} blocks (blk.{', '.join(map(str, ids))})"
+
+def _kernel_table(rows: list[KernelRow], with_block: bool) -> list[str]:
+  width = max(len(r.name) for r in rows)
+  out = []
+  for r in rows:
+    us = "-" if r.us is None else f"{r.us:.1f}{'*' if r.batched else ''}"
+    where = f"{r.block:<8} " if with_block else ""
+    reads = ", ".join(x.split(".", 2)[-1] if x.startswith("blk.") else x for x in r.reads) or "-"
+    out.append(f"  {r.index:>4}  {where}{r.name:<{width}}  {r.category:<11} {r.module:<24} {us:>10} us  reads {reads}")
+  return out
+
+def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in rows]
+
+def profile_model(path, name: str, cfg, repeats: int = 5) -> tuple[str, list[KernelRow], str]:
+  """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
+  kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean."""
+  from experiments.bench import prompt_ids
+  from experiments.journal import device_name
+  from ops.sampling import Sampler, SamplerParams
+  if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
+  rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + repeats + 8)
+  sampler = Sampler(SamplerParams(temperature=0))
+  token, pos = sampler(rt.prefill(prompt_ids(rt, cfg.prompt_tokens))), cfg.prompt_tokens
+  for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
+  times: dict[UOp, list[list[float]]] = {}
+  with timed_replays(times):
+    for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
+  labels = buffer_labels(rt.weights.labels)
+  decode, sample = rt._decode.captured.linear, sampler.jit.captured.linear
+  rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")
+  rows = [replace(r, index=i) for i, r in enumerate(rows)]
+  batched = any(r.batched for r in rows)
+  note = ("Times marked * belong to a graph batch timed as a whole and split evenly: averages, not per-kernel truths "
+          "(JIT=2 launches kernels one by one)." if batched else
+          f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included).")
+  title = f"{name}: one decode step at position {pos - 1} on {device_name()}, {cfg.describe()}"
+  return title, rows, note

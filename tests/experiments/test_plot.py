@@ -1,0 +1,169 @@
+"""Charts from the journal: every kind renders real PNG and SVG from synthetic records (two experiments, each with an older
+run, plain bench records over several commits, older records without categories) and from the real journal; bad
+input is one clear line; writing is atomic."""
+from pathlib import Path
+import matplotlib.image
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from experiments import journal, plot
+
+DEVICE, SHORT = "CPU: Intel(R) Xeon(R) Processor, 2 cores", "CPU: Intel Xeon, 2 cores"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+def rec(time: str, commit: str, model: str = "smollm2-135m", tok_s: float = 5.0, kpt: int = 427, cats: bool = True, **extra) -> dict:
+  ms = 1e3 / tok_s
+  metrics = {"kernels_per_token": kpt, "tok_s": tok_s, "ms_per_token": {"median": ms, "min": 0.8 * ms, "max": 1.3 * ms}, "floor_ms": 9.3,
+             "bytes_per_token": 96436836, "bandwidth_gb_s": 10.3, "prefill_tok_s": 13.0, "compile_s": 20.0, "capture_s": 5.0, "load_s": 4.0}
+  if cats: metrics["kernel_categories"] = {"matmul": kpt // 3, "reduce": kpt // 4, "elementwise": kpt - kpt // 3 - kpt // 4 - 12, "copy": 12}
+  peers = [{"engine": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "tok_s": 67.5, "ms_per_token": 14.8},
+           {"engine": "tinygrad.llm@a9069c177a", "tok_s": 3.1, "kernels_per_token": 430}]
+  return {"time": f"2026-11-{time}+00:00", "commit": commit, "dirty": False, "device": DEVICE, "backend": "CPU", "tinygrad": "0.14.0",
+          "model": model, "file": f"{model}.gguf", "switches": {"strategy": "packed_dot"}, "prompt_tokens": 32, "tokens": 64,
+          "metrics": metrics, "peer": peers[0], "peers": peers, **extra}
+
+def variant(time: str, experiment: str, run: str, name: str, baseline: bool = False, **kw) -> dict:
+  return rec(time, "c0ffee1234ab", experiment=experiment, variant=name, baseline=baseline, run=run, **kw)
+
+@pytest.fixture
+def records() -> list[dict]:
+  old = [rec("20T10:00:00", "aaaaaaa11111", cats=False), rec("20T11:00:00", "bbbbbbb22222", cats=False, tok_s=4.1),
+         rec("20T11:30:00", "bbbbbbb22222", model="gemma3-270m", kpt=367, tok_s=3.3, cats=False)]
+  history = [rec(f"21T{h:02d}:00:00", c, tok_s=t, kpt=k) for h, c, t, k in
+             [(1, "ccccccc33333", 5.2, 427), (2, "ddddddd44444", 7.8, 400), (3, "ddddddd44444", 5.9, 579), (4, "eeeeeee55555", 8.4, 390)]]
+  strategy_old = [variant("22T01:00:00", "strategy", "run-old", "packed_dot", True), variant("22T01:01:00", "strategy", "run-old", "ancient_variant")]
+  strategy = [variant("22T02:00:00", "strategy", "run-new", "packed_dot", True, tok_s=7.8),
+              variant("22T02:01:00", "strategy", "run-new", "fused", tok_s=4.2, kpt=431),
+              variant("22T02:02:00", "strategy", "run-new", "dequant_cache_fp16", tok_s=4.3, kpt=415)]
+  rounding = [variant("22T03:00:00", "rounding", "run-r", "exact", True, model="gemma3-270m", kpt=367, tok_s=3.3),
+              variant("22T03:01:00", "rounding", "run-r", "ggml", model="gemma3-270m", kpt=519, tok_s=2.9),
+              variant("22T03:02:00", "rounding", "run-r", "ggml_no_kv16", model="gemma3-270m", kpt=480, tok_s=3.0, cats=False)]
+  return old + history + strategy_old + strategy + rounding
+
+def check_png(path: Path) -> None:
+  assert path.read_bytes()[:8] == PNG
+  img = matplotlib.image.imread(path)
+  assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 500
+  ink = (img[..., :3] < 0.9).any(axis=-1).mean()   # share of pixels that are not (near) white
+  rgb = (img[..., :3] * 255).astype(np.uint32)
+  assert 0.02 < ink < 0.8 and len(np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2])) > 50
+
+VARIANTS = {"kernels": ["packed_dot", "fused", "dequant_cache_fp16", "exact", "ggml"], "speed": ["packed_dot", "fused", "exact", "ggml"],
+            "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"]}
+
+@pytest.mark.parametrize("kind", plot.KINDS)
+def test_each_kind_renders_png_and_svg(kind: str, records: list[dict], tmp_path: Path):
+  check_png(plot.plot(records, kind, tmp_path / f"{kind}.png"))
+  svg = plot.plot(records, kind, tmp_path / f"{kind}.svg").read_text()
+  assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+  for text in ["smollm2-135m", "gemma3-270m", SHORT, *VARIANTS[kind]]: assert text in svg, text
+  assert "ancient_variant" not in svg   # only each experiment's latest run
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{kind}.png", f"{kind}.svg"])
+
+@pytest.mark.parametrize("kind", plot.KINDS)
+def test_titles_name_model_and_device(kind: str, records: list[dict]):
+  fig = plot.figure(records, kind)
+  titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+  assert titles and all(SHORT in t for t in titles)
+  if kind != "history":
+    assert sorted(t.split(" · ")[0] for t in titles) == ["rounding", "strategy"]   # one subplot per experiment
+    assert any("smollm2-135m" in t for t in titles if t.startswith("strategy"))
+    assert any("gemma3-270m" in t for t in titles if t.startswith("rounding"))
+  else: assert "smollm2-135m" in titles[0] and "gemma3-270m" in titles[0]
+
+def test_baseline_first_and_marked(records: list[dict]):
+  fig = plot.figure(records, "kernels", experiment="strategy")
+  ax = next(ax for ax in fig.axes if ax.get_title())
+  labels = [t.get_text() for t in ax.get_xticklabels()]
+  assert labels == ["packed_dot\n(baseline)", "fused", "dequant_cache_fp16"]
+  assert ax.patches[0].get_hatch() == "//" and not ax.patches[1].get_hatch()
+
+def test_experiment_and_model_filter(records: list[dict]):
+  assert [ax.get_title().split(" · ")[0] for ax in plot.figure(records, "speed", experiment="rounding").axes if ax.get_title()] == ["rounding"]
+  assert [ax.get_title().split(" · ")[0] for ax in plot.figure(records, "kernels", model="smollm2-135m").axes if ax.get_title()] == ["strategy"]
+  title = plot.figure(records, "history", model="gemma3-270m").axes[0].get_title()
+  assert "gemma3-270m" in title and "smollm2" not in title
+
+def test_speed_marks_floor_and_peers(records: list[dict]):
+  fig = plot.figure(records, "speed", experiment="strategy")
+  legend = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert any(t.startswith("memory floor") for t in legend) and "llama.cpp (peer)" in legend and "tinygrad app (peer)" in legend
+  texts = [t.get_text() for t in fig.axes[0].texts]
+  assert "llama.cpp 67.5 tok/s" in texts and "tinygrad app 3.1 tok/s" in texts and "108" in texts   # peers' lines, floor 1000/9.3 ms
+
+def test_breakdown_skips_records_without_categories(records: list[dict]):
+  fig = plot.figure(records, "breakdown", experiment="rounding")
+  ax = fig.axes[0]
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["exact\n(baseline)", "ggml"]
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == ["matmul", "reduce", "elementwise", "copy", "baseline"]
+  assert any("skipped 1 record without metrics.kernel_categories" in t.get_text() for t in fig.texts)
+
+def test_older_records_only_history(records: list[dict], tmp_path: Path):
+  old = [r for r in records if "experiment" not in r and "kernel_categories" not in r["metrics"]]
+  check_png(plot.plot(old, "history", tmp_path / "h.png"))
+  for kind in ("kernels", "speed", "breakdown"):
+    with pytest.raises(ValueError, match="no experiment records"): plot.plot(old, kind, tmp_path / "x.png")
+
+@pytest.mark.parametrize("kind,kw,match", [
+  ("bars", {}, r"unknown plot kind 'bars'; kinds: kernels, speed, breakdown, history"),
+  ("kernels", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
+  ("history", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
+  ("speed", {"model": "llama-70b"}, r"no experiment records for model 'llama-70b'; models: gemma3-270m, smollm2-135m"),
+  ("history", {"model": "llama-70b"}, r"no bench or baseline records for model 'llama-70b'"),
+])
+def test_bad_input_is_one_clear_line(kind: str, kw: dict, match: str, records: list[dict], tmp_path: Path):
+  with pytest.raises(ValueError, match=match) as e: plot.plot(records, kind, tmp_path / "x.png", **kw)
+  assert "\n" not in str(e.value) and not list(tmp_path.iterdir())
+
+def test_no_categories_empty_journal_bad_suffix(records: list[dict], tmp_path: Path):
+  no_cats = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "kernel_categories"}} for r in records]
+  with pytest.raises(ValueError, match=r"no record of the latest experiment runs has metrics.kernel_categories"):
+    plot.plot(no_cats, "breakdown", tmp_path / "b.png")
+  with pytest.raises(ValueError, match=r"the journal is empty"): plot.plot([], "history", tmp_path / "h.png")
+  with pytest.raises(ValueError, match=r"suffix picks the format, one of \.png, \.svg, \.pdf"): plot.plot(records, "history", tmp_path / "h.jpg")
+  assert not list(tmp_path.iterdir())
+
+def test_atomic_write(records: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+  out = tmp_path / "deep" / "er" / "chart.pdf"
+  assert plot.plot(records, "kernels", out) == out and out.read_bytes()[:5] == b"%PDF-"
+  assert [p.name for p in out.parent.iterdir()] == ["chart.pdf"]
+  before = out.read_bytes()
+  def broken(self, f, **kw):
+    f.write(b"half a chart")
+    raise RuntimeError("disk full")
+  monkeypatch.setattr(Figure, "savefig", broken)
+  with pytest.raises(RuntimeError, match="disk full"): plot.plot(records, "speed", out)
+  assert out.read_bytes() == before and [p.name for p in out.parent.iterdir()] == ["chart.pdf"]
+
+def test_short_device():
+  assert plot.short_device(DEVICE) == SHORT
+  assert plot.short_device("CPU: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz, 16 cores") == "CPU: Intel Xeon Platinum 8375C, 16 cores"
+  assert plot.short_device("CUDA: NVIDIA H100 80GB HBM3") == "CUDA: NVIDIA H100 80GB HBM3" and plot.short_device("CPU") == "CPU"
+
+@pytest.mark.parametrize("kind", plot.KINDS)
+def test_real_journal(kind: str, tmp_path: Path):
+  """The real journal: history always draws; the experiment kinds draw wherever it holds experiment runs, else say why."""
+  records = journal.read()
+  try: out = plot.plot(records, kind, tmp_path / f"{kind}.png")
+  except ValueError as e:
+    assert kind != "history" and "\n" not in str(e)
+    assert kind == "breakdown" or not any(r.get("experiment") for r in records), str(e)
+    return
+  check_png(out)
+
+FIELDS = ["time", "commit", "dirty", "device", "model", "metrics", "peer", "peers", "run", "variant", "baseline", "experiment",
+          "metrics.tok_s", "metrics.kernels_per_token", "metrics.ms_per_token", "metrics.floor_ms", "metrics.kernel_categories"]
+
+def drop(r: dict, field: str) -> dict:
+  if "." not in field: return {k: v for k, v in r.items() if k != field}
+  return {**r, "metrics": {k: v for k, v in r["metrics"].items() if k != field.split(".")[1]}}
+
+@pytest.mark.parametrize("kind", plot.KINDS)
+def test_missing_fields_never_crash(kind: str, records: list[dict]):
+  """Fields gone from some records (each record misses another one), or from all: each kind draws, or says in one line why not."""
+  for shift in (0, 7):
+    mixed = [drop(r, FIELDS[(i + shift) % len(FIELDS)]) for i, r in enumerate(records)]
+    assert plot.figure(mixed, kind).axes
+  for field in ("metrics", "time", "run", "variant"):
+    try: assert plot.figure([drop(r, field) for r in records], kind).axes
+    except ValueError as e: assert "\n" not in str(e)
