@@ -10,12 +10,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from tinygrad import Device, Tensor, TinyJit, dtypes
-from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
+from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
 from experiments.kernels import CATEGORIES, replay_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from models.runtime import Runtime
 from quant.linear import StrategyPlan
+from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
@@ -30,16 +31,25 @@ class BenchConfig:
   fuse: bool = True
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
+  beam: int = 0                     # tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)
+  jit_batch_size: int = 32          # kernels per graph batch on backends with graphs (tinygrad's JIT_BATCH_SIZE)
+  requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
-            "BEAM": BEAM.value, "JIT_BATCH_SIZE": JIT_BATCH_SIZE.value}
+            "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant}
 
   def describe(self) -> str:
-    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in self.switches().items() if v not in (None, [], 0))
+    """The switches that differ from the defaults, or 'default switches'."""
+    default = BenchConfig().switches()
+    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in self.switches().items() if v != default[k]) or "default switches"
+
+  def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
+
+  def tinygrad_context(self) -> Context: return Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size)
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
@@ -60,6 +70,9 @@ def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
   return 2 * src.nbytes() / min(times) / 1e9
 
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
+  with cfg.tinygrad_context(): return _bench(cfg.model_file(path), name, cfg)
+
+def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   t0 = time.perf_counter()
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0

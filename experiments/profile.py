@@ -33,9 +33,11 @@ def _buffer(u: UOp) -> Buffer | None:
   return u.buffer if u.op is Ops.BUFFER and isinstance(u.buffer, Buffer) else None
 
 def buffer_labels(labels: list[tuple[str, LabelKind, object]]) -> Labels:
-  """Device buffer -> the (name, kind) labels of the tensors it holds; a tied embedding is both a table and a matmul."""
+  """Device buffer -> the (name, kind) labels of the tensors it holds; a tied embedding is both a table and a matmul.
+  Tensors never realized (the weights of a skipped component) are in no buffer."""
   out: Labels = {}
-  for name, kind, t in labels: out.setdefault(t.uop.base.buffer, []).append((name, kind))  # type: ignore[attr-defined]
+  for name, kind, t in labels:
+    if (base := t.uop.base).op is Ops.BUFFER: out.setdefault(base.buffer, []).append((name, kind))  # type: ignore[attr-defined]
   return out
 
 _PRIORITY: dict[str, int] = {"matmul": 0, "cache": 1, "table": 2, "vector": 3}
@@ -160,6 +162,9 @@ def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in row
 def profile_model(path, name: str, cfg, repeats: int = 5) -> tuple[str, list[KernelRow], str]:
   """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
   kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean."""
+  with cfg.tinygrad_context(): return _profile(cfg.model_file(path), name, cfg, repeats)
+
+def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
   from experiments.bench import prompt_ids
   from experiments.journal import device_name
   from ops.sampling import Sampler, SamplerParams

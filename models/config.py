@@ -1,5 +1,6 @@
 """The hyperparameters of a model, read once from GGUF metadata into a frozen dataclass."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from gguf.quants import dequantize
 from ops.rope import Yarn
 from quant.gguf_file import GGUFFile
 
@@ -33,6 +34,8 @@ class ModelConfig:
     if opt("rope.scaling.type") in ("yarn", "linear") and opt("rope.scaling.factor", 1.0) != 1.0:
       yarn = Yarn(opt("rope.scaling.factor"), opt("rope.scaling.original_context_length", key("context_length")),
                   ext_factor=1.0 if opt("rope.scaling.type") == "yarn" else 0.0)
+    if (factors := rope_freq_factors(g)) is not None:
+      yarn = replace(yarn, freq_factors=factors) if yarn else Yarn(1.0, key("context_length"), ext_factor=0.0, freq_factors=factors)
     if "token_embd.weight" not in g.tensors: raise g.fail("missing tensor 'token_embd.weight'")
     return ModelConfig(
       arch=arch, n_layers=key("block_count"), dim=dim, n_heads=n_heads, n_kv_heads=opt("attention.head_count_kv", n_heads),
@@ -40,3 +43,8 @@ class ModelConfig:
       vocab_size=g.tensors["token_embd.weight"].shape[0], context_length=key("context_length"),
       norm_eps=key("attention.layer_norm_rms_epsilon"), rope_base=opt("rope.freq_base", 10000.0), rope_dims=opt("rope.dimension_count", head_dim),
       yarn=yarn, sliding_window=opt("attention.sliding_window"), final_softcap=opt("final_logit_softcapping"))
+
+def rope_freq_factors(g: GGUFFile) -> tuple[float, ...] | None:
+  """`rope_freqs.weight`: per rotated pair, the divisor of its frequency (Llama 3's rope scaling, as llama.cpp applies it)."""
+  if (info := g.tensors.get("rope_freqs.weight")) is None: return None
+  return tuple(float(f) for f in dequantize(g.reader.data[info.offset:info.offset + info.nbytes], info.ggml_type).reshape(-1))

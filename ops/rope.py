@@ -12,7 +12,9 @@ YaRN as llama.cpp's ggml rope computes it, with freq_scale = 1/factor: the corre
 indices that make beta_fast and beta_slow turns over orig_ctx positions; pair i takes the angle
 theta_extrap * (freq_scale*(1 - mix) + mix) where mix = ext_factor * ramp(i) and ramp falls linearly from 1 (i <= low)
 to 0 (i >= high). cos and sin are multiplied by attn_factor, and by (1 + 0.1*ln(factor)) when ext_factor != 0.
-ext_factor=0 is plain linear (position interpolation) scaling.
+ext_factor=0 is plain linear (position interpolation) scaling. `freq_factors` (llama.cpp's `rope_freqs.weight`, how Llama 3
+GGUFs carry their rope scaling) divide each pair's frequency before all of that, as ggml's rope does; with factor 1 and
+ext_factor 0 they are the only change.
 The tables are built host-side in float64 once, so long contexts keep exact angles.
 """
 import math
@@ -28,6 +30,7 @@ class Yarn:
   beta_slow: float = 1.0
   ext_factor: float = 1.0
   attn_factor: float = 1.0
+  freq_factors: tuple[float, ...] | None = None   # per pair: the frequency is divided by it
 
   def corr_dims(self, rot_dims: int, base: float) -> tuple[float, float]:
     # the pair index whose wavelength fits n_rot times into orig_ctx
@@ -40,6 +43,9 @@ class Yarn:
 def _frequencies(rot_dims: int, base: float, yarn: Yarn|None) -> np.ndarray:
   freqs = base ** (-np.arange(0, rot_dims, 2, dtype=np.float64) / rot_dims)
   if yarn is None: return freqs
+  if yarn.freq_factors is not None:
+    if len(yarn.freq_factors) != rot_dims // 2: raise ValueError(f"{len(yarn.freq_factors)} rope frequency factors for {rot_dims // 2} pairs")
+    freqs = freqs / np.asarray(yarn.freq_factors, np.float64)
   low, high = yarn.corr_dims(rot_dims, base)
   mix = yarn.ext_factor * (1 - np.clip((np.arange(rot_dims // 2) - low) / max(0.001, high - low), 0, 1))
   return freqs * ((1 - mix) / yarn.factor + mix)

@@ -25,29 +25,83 @@ def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
   logits(args)
 
-def cmd_bench(args) -> None:
-  from experiments import journal
-  from experiments.bench import BenchConfig, bench, dump, table
-  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", args.tokens)):
+def bench_config(args):
+  from experiments.bench import BenchConfig
+  from quant.linear import StrategyPlan
+  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1))):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  cfg = BenchConfig(args.prompt_tokens, args.tokens, args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse, args.row_upcast,
-                    args.bandwidth, not args.no_peer, args.tinygrad_src)
-  record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, cfg)
+  StrategyPlan.parse(args.strategy)
+  return BenchConfig(args.prompt_tokens, getattr(args, "tokens", 1), args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse,
+                     args.row_upcast, tuple(args.skip), args.beam, args.jit_batch_size, args.requant, getattr(args, "bandwidth", None),
+                     not getattr(args, "no_peer", True), getattr(args, "tinygrad_src", None))
+
+def cmd_bench(args) -> None:
+  from experiments import journal
+  from experiments.bench import bench, dump, table
+  record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, bench_config(args))
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
+
+def cmd_profile(args) -> None:
+  import json
+  from experiments.profile import as_json, profile_model, report
+  title, rows, note = profile_model(resolve_model(args.model), args.model or DEFAULT_MODEL, bench_config(args), args.repeats)
+  print(json.dumps({"title": title, "note": note, "kernels": as_json(rows)}, indent=1) if args.json else report(title, rows, note, args.all))
+
+def cmd_exp(args) -> None:
+  import textwrap
+  from experiments import journal, named
+  if args.exp_command == "list":
+    for exp in named.load_all().values():
+      print(f"{exp.name:<20} {exp.model:<16} {1 + len(exp.variants)} runs  {textwrap.shorten(exp.description, 90)}")
+  elif args.exp_command == "show": print(named.describe(named.find(args.name), journal.read() if journal.JOURNAL.exists() else []))
+  else:
+    from experiments.bench import BenchConfig
+    exp = named.find(args.name)
+    sizes = {k: v for k, v in (("tokens", args.tokens), ("warmup", args.warmup)) if v is not None}
+    if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
+    def note(record: dict) -> None:
+      if not args.no_journal: journal.append(record)
+      m = record["metrics"]
+      print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
+    records = named.run(exp, resolve_model, args.model, BenchConfig(peer=not args.no_peer), args.variant, sizes, on_record=note)
+    print(named.results_table(records))
+
+def cmd_plot(args) -> None:
+  from experiments import journal
+  from experiments.plot import plot
+  out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model)
+  print(f"wrote {out}")
+
+def cmd_synth(args) -> None:
+  from models.synth import synthesize
+  print(synthesize(args.preset, args.output, args.quant, args.seed, args.layers))
 
 def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> None:
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
-  s.add_argument("--strategy", choices=STRATEGIES, default="packed_dot", help="how matmuls read the packed weights (default packed_dot)")
+  s.add_argument("--strategy", default="packed_dot", metavar="SPEC",
+                 help=f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed by per-type and FFN overrides, "
+                      "e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (default packed_dot)")
   s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
                  help=f"exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path does: 8-bit activations "
                       f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
                       f"see README). Default {rounding}")
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
   add_row_upcast_option(s)
+
+def add_bench_options(s: argparse.ArgumentParser) -> None:
+  """Sizes of a decode benchmark and the switches only experiments need."""
+  from models.weights import SKIPPABLE
+  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
+  s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
+  s.add_argument("--skip", action="append", default=[], choices=SKIPPABLE,
+                 help="leave this component out of every block, to measure the rest alone (repeatable)")
+  s.add_argument("--beam", type=int, default=0, help="tinygrad BEAM search width for the decode kernels (default 0: heuristics; slow to compile)")
+  s.add_argument("--jit-batch-size", type=int, default=32, help="kernels per graph batch where the backend has graphs (default 32)")
+  s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
 
 def add_row_upcast_option(s: argparse.ArgumentParser) -> None:
   from quant.matvec_opts import DEFAULT_ROW_UPCAST
@@ -107,16 +161,70 @@ def parser() -> argparse.ArgumentParser:
                                  "time, prefill tok/s. llama.cpp is measured on the same file in the same run when llama-cpp-python is "
                                  "installed (make reference). Each run is appended to experiments/journal.jsonl.")
   s.add_argument("model", nargs="?", help=MODEL_HELP)
-  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
   s.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
-  s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before timing (default 4)")
   s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
   s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
   s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (a9069c177a works)")
   s.add_argument("--no-journal", action="store_true", help="do not append the record to experiments/journal.jsonl")
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
   add_model_options(s)
+  add_bench_options(s)
   s.set_defaults(fn=cmd_bench)
+
+  s = sub.add_parser("profile", help="one decode step kernel by kernel: category, block and module, time",
+                     description="Captures decode after a prompt of --prompt-tokens ids and replays it --repeats times, launching and timing "
+                                 "every kernel alone where the backend allows (inside a graph batch only the batch can be timed: those "
+                                 "times are averages and are marked *). Prints a per-block summary by category (matmul/GEMV, reduce, "
+                                 "elementwise, copy), then the per-block kernel map: each kernel's name, category, the weight or cache it "
+                                 "reads (which says which module made it) and its time.")
+  s.add_argument("model", nargs="?", help=MODEL_HELP)
+  s.add_argument("--repeats", type=int, default=5, help="timed replays; times are medians (default 5)")
+  s.add_argument("--all", action="store_true", help="also list every kernel in replay order")
+  s.add_argument("--json", action="store_true", help='print {"title", "note", "kernels": [...]} instead')
+  add_model_options(s)
+  add_bench_options(s)
+  s.set_defaults(fn=cmd_profile)
+
+  s = sub.add_parser("exp", help="named experiments: list, show, run (baseline and variants, one journal record each)",
+                     description="Experiments are YAML files in experiments/defs/: a model, a baseline and variants, each a set of switches "
+                                 "(strategy per quant type, FFN split, component isolation, requantized copies, BEAM, JIT batch size, ...).")
+  exp = s.add_subparsers(dest="exp_command", required=True, metavar="ACTION")
+  exp.add_parser("list", help="the experiments, one line each")
+  e = exp.add_parser("show", help="an experiment's variants and its latest recorded results")
+  e.add_argument("name")
+  e = exp.add_parser("run", help="bench the baseline and every variant in one run, appending one journal record each")
+  e.add_argument("name")
+  e.add_argument("--model", help="run on this model instead of the experiment's")
+  e.add_argument("--variant", action="append", help="run only this variant (repeatable; the baseline always runs)")
+  e.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
+  e.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
+  e.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
+  e.add_argument("--no-journal", action="store_true", help="do not append the records to experiments/journal.jsonl")
+  s.set_defaults(fn=cmd_exp)
+
+  from experiments.plot import KINDS
+  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history",
+                     description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
+                                 "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
+                                 "and kernels/token over commits. Experiments show their latest run.")
+  s.add_argument("journal", nargs="?", default=None, help="a journal file (default experiments/journal.jsonl)")
+  s.add_argument("--kind", choices=KINDS, default="kernels", help="which chart (default kernels)")
+  s.add_argument("--experiment", help="only this experiment")
+  s.add_argument("--model", help="only this model")
+  s.add_argument("-o", "--output", required=True, help="the chart file: .png, .svg or .pdf")
+  s.set_defaults(fn=cmd_plot)
+
+  from models.synth import PRESETS
+  s = sub.add_parser("synth", help="write a synthetic GGUF with a real model's shapes and seeded random weights",
+                     description="Writes a GGUF with the shapes, metadata and tokenizer kind of a named model, seeded random weights in real "
+                                 "block layouts and a valid tokenizer; general.name says it is synthetic. llama.cpp loads every preset. "
+                                 "Presets are also accepted as model names by the other commands (made once into the cache).")
+  s.add_argument("preset", choices=list(PRESETS), metavar="PRESET", help=f"one of {', '.join(PRESETS)}")
+  s.add_argument("-o", "--output", required=True, help="the GGUF file to write")
+  s.add_argument("--quant", help="GGML type of the matmul weights (default: the preset's)")
+  s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+  s.add_argument("--layers", type=int, help="number of blocks (default: the preset's)")
+  s.set_defaults(fn=cmd_synth)
   return p
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,122 @@
+"""Named experiments: YAML files in experiments/defs/, each a model, a baseline and variants, every one a set of switches.
+`run` measures baseline and variants in one process, one journal record each, sharing a run id."""
+import dataclasses
+import datetime
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+import yaml
+from experiments.bench import BenchConfig, bench
+
+DEFS = Path(__file__).with_name("defs")
+# switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
+SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "row_upcast": int, "skip": list, "beam": int, "jit_batch_size": int, "requant": str}
+BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
+
+class ExperimentError(ValueError): pass
+
+@dataclass(frozen=True)
+class Variant:
+  name: str
+  switches: dict[str, Any]
+
+@dataclass(frozen=True)
+class Experiment:
+  name: str
+  description: str
+  model: str
+  reproduces: str             # which journal entry of seed 003 it re-runs
+  bench: dict[str, int]       # BenchConfig fields shared by every variant
+  baseline: Variant
+  variants: tuple[Variant, ...]
+
+  @property
+  def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
+
+def _checked(where: str, table: Any, allowed: dict[str, type]) -> dict[str, Any]:
+  if not isinstance(table, dict): raise ExperimentError(f"{where}: expected a mapping, got {type(table).__name__}")
+  for key, value in table.items():
+    if key not in allowed: raise ExperimentError(f"{where}: unknown key {key!r} (known: {', '.join(allowed)})")
+    if not isinstance(value, allowed[key]) or (allowed[key] is int and isinstance(value, bool)):
+      raise ExperimentError(f"{where}: {key} must be {allowed[key].__name__}, got {value!r}")
+  return dict(table)
+
+def _variant(where: str, raw: Any) -> Variant:
+  if not isinstance(raw, dict) or not isinstance(raw.get("name"), str): raise ExperimentError(f"{where}: a variant needs a name")
+  return Variant(raw["name"], _checked(f"{where} {raw['name']!r}", raw.get("switches", {}), SWITCHES))
+
+def load(path: Path) -> Experiment:
+  where = str(path)
+  try: raw = yaml.safe_load(path.read_text())
+  except yaml.YAMLError as e: raise ExperimentError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+  if not isinstance(raw, dict): raise ExperimentError(f"{where}: expected a mapping at the top")
+  for key in ("description", "model", "baseline", "variants"):
+    if key not in raw: raise ExperimentError(f"{where}: missing {key!r}")
+  if not isinstance(raw["variants"], list) or not raw["variants"]: raise ExperimentError(f"{where}: 'variants' must be a non-empty list")
+  baseline, variants = _variant(where, raw["baseline"]), tuple(_variant(where, v) for v in raw["variants"])
+  if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
+  return Experiment(path.stem, str(raw["description"]).strip(), str(raw["model"]), str(raw.get("reproduces", "")).strip(),
+                    _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants)
+
+def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
+  return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
+
+def find(name: str, defs: Path = DEFS) -> Experiment:
+  known = load_all(defs)
+  if name not in known: raise ExperimentError(f"no experiment named {name!r} (known: {', '.join(known) or 'none'})")
+  return known[name]
+
+def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str, int] | None = None) -> BenchConfig:
+  """The variant's switches over the experiment's bench sizes over `base`; `sizes` (from the command line) win over the experiment's."""
+  sw = variant.switches
+  fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "row_upcast": sw.get("row_upcast"),
+            "skip": tuple(sw["skip"]) if "skip" in sw else None, "beam": sw.get("beam"), "jit_batch_size": sw.get("jit_batch_size"),
+            "requant": sw.get("requant")}
+  return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **{k: v for k, v in fields.items() if v is not None})
+
+def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),
+        only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
+  """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
+  experiment's); llama.cpp, when installed, is measured once, beside the baseline. Returns the records."""
+  chosen = [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
+  if only and (unknown := set(only) - {v.name for v in exp.all_variants}):
+    raise ExperimentError(f"{exp.name} has no variant {sorted(unknown)[0]!r} (variants: {', '.join(v.name for v in exp.all_variants)})")
+  name = model or exp.model
+  path = model_path(name)
+  run_id = f"{exp.name}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+  records = []
+  for v in chosen:
+    cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
+    record = {**bench(path, name, cfg), "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
+    on_record(record)
+    records.append(record)
+  return records
+
+def results_table(records: list[dict]) -> str:
+  """Variants beside their baseline: kernels/token and tok/s with the change from the baseline."""
+  base = next(r for r in records if r["baseline"])["metrics"]
+  head = f"{'variant':<24} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8}"
+  lines = [head, "-" * len(head)]
+  for r in records:
+    m = r["metrics"]
+    dk, ds = m["kernels_per_token"] - base["kernels_per_token"], 100 * (m["tok_s"] / base["tok_s"] - 1)
+    lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['kernels_per_token']:>11} {dk:>+9} {m['tok_s']:>8.2f} "
+                 f"{ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f}")
+  return "\n".join(lines)
+
+def describe(exp: Experiment, journal_records: list[dict]) -> str:
+  lines = [f"{exp.name}: {exp.description}", f"model: {exp.model}"]
+  if exp.reproduces: lines.append(f"reproduces: {exp.reproduces}")
+  if exp.bench: lines.append("bench: " + ", ".join(f"{k}={v}" for k, v in exp.bench.items()))
+  for v in exp.all_variants:
+    switches = ", ".join(f"{k}={v}" for k, v in v.switches.items()) or "defaults"
+    lines.append(f"  {'baseline' if v is exp.baseline else 'variant '} {v.name:<22} {switches}")
+  runs = [r for r in journal_records if r.get("experiment") == exp.name]
+  if runs:
+    latest = runs[-1]["run"]
+    chosen = [r for r in runs if r["run"] == latest]
+    lines += ["", f"latest run {latest} ({chosen[0]['device']}, commit {chosen[0]['commit']}{'+' if chosen[0]['dirty'] else ''}):",
+              results_table(chosen) if any(r["baseline"] for r in chosen) else "(no baseline in that run)"]
+  else: lines += ["", "not run yet: tinyzoo exp run " + exp.name]
+  return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""The lab end to end on a synthetic two-block model: a profile accounts for every kernel the bench counts, by block and
+module; an experiment run records baseline and variants, one journal record each; isolation and the FFN split move
+the kernel count the way their definitions say."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+import pytest
+from experiments import journal, named
+from experiments.bench import BenchConfig, bench
+from experiments.kernels import CATEGORIES
+from experiments.profile import block_summary, profile_model, report
+from models.synth import synthesize
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+  return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
+
+SMALL = BenchConfig(prompt_tokens=4, tokens=3, warmup=1, peer=False)
+
+def test_profile_accounts_for_every_kernel(tiny: Path):
+  record = bench(tiny, "tiny", SMALL)
+  title, rows, note = profile_model(tiny, "tiny", SMALL, repeats=2)
+  assert len(rows) == record["metrics"]["kernels_per_token"] == sum(record["metrics"]["kernel_categories"].values())
+  assert {r.category for r in rows} <= set(CATEGORIES) and [r.index for r in rows] == list(range(len(rows)))
+  blocks = [b["block"] for b in block_summary(rows)]
+  assert {"blk.0", "blk.1", "head", "sampler"} <= set(blocks)
+  modules = {r.module for r in rows if r.block == "blk.1" and r.category == "matmul"}
+  assert {"attn_q+attn_k+attn_v", "attn_output", "ffn_down", "k_cache", "v_cache"} <= modules and modules & {"ffn_gate", "ffn_up"}
+  assert all(r.us is not None and r.us > 0 and not r.batched for r in rows)   # the CPU backend launches kernels one by one
+  text = report(title, rows, note)
+  assert "tiny: one decode step" in title and "launched alone" in note and "Per-block kernel map" in text
+  # the weights read per token: every matmul weight once, one row of the (untied) embedding table at most
+  assert record["metrics"]["bytes_per_token"] > 0
+
+def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
+  defs = tmp_path / "defs"
+  defs.mkdir()
+  (defs / "iso.yaml").write_text("""
+description: isolation on the tiny model
+model: tiny
+bench: {prompt_tokens: 4, tokens: 3, warmup: 1}
+baseline: {name: full, switches: {}}
+variants:
+  - {name: attention only, switches: {skip: [ffn]}}
+  - {name: ffn split, switches: {strategy: "packed_dot,ffn=split"}}
+""")
+  path = tmp_path / "journal.jsonl"
+  records = named.run(named.find("iso", defs), lambda name: tiny, base=BenchConfig(peer=False), on_record=lambda r: journal.append(r, path))
+  assert journal.read(path) == json.loads(json.dumps(records, sort_keys=True))
+  assert [(r["variant"], r["baseline"], r["experiment"]) for r in records] == [("full", True, "iso"), ("attention only", False, "iso"),
+                                                                              ("ffn split", False, "iso")]
+  assert len({r["run"] for r in records}) == 1
+  full, attn, split = (r["metrics"] for r in records)
+  assert records[1]["switches"]["skip"] == ["ffn"] and records[2]["switches"]["strategy"] == "packed_dot,ffn=split"
+  # two blocks: no FFN drops their FFN matmuls; the split adds one dequantize kernel per FFN weight
+  assert attn["kernels_per_token"] < full["kernels_per_token"] and attn["bytes_per_token"] < full["bytes_per_token"]
+  assert split["kernels_per_token"] == full["kernels_per_token"] + 2 * 3
+  assert "ffn split" in named.results_table(records)
+
+def test_cli_profile_and_exp_errors(tiny: Path):
+  def tinyzoo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600)
+  r = tinyzoo("profile", str(tiny), "--prompt-tokens", "4", "--warmup", "1", "--repeats", "1", "--json")
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout)
+  assert out["kernels"] and {"name", "category", "block", "module", "us"} <= set(out["kernels"][0])
+  for args, message in [(("exp", "show", "nope"), "no experiment named 'nope'"), (("exp", "run", "isolation", "--variant", "x", "--no-journal"),
+                                                                                    "isolation has no variant 'x'"),
+                        (("profile", str(tiny), "--strategy", "Q4_0=wrong"), "unknown matmul strategy 'wrong'")]:
+    r = tinyzoo(*args)
+    assert r.returncode == 1 and r.stderr.startswith("tinyzoo: error:") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -1,0 +1,78 @@
+"""Named experiments as data: every committed definition loads and turns into valid bench configs; bad definitions are
+named in one line; sizes from the command line win over the experiment's, which win over the defaults."""
+from pathlib import Path
+import pytest
+from gguf import GGMLQuantizationType
+from experiments import named
+from experiments.bench import BenchConfig
+from models.weights import SKIPPABLE
+from quant.linear import StrategyPlan
+
+def test_committed_experiments_load_and_configure():
+  experiments = named.load_all()
+  assert {"matmul-strategies", "q4-formats", "ffn-split", "isolation", "row-upcast"} <= set(experiments)
+  for exp in experiments.values():
+    assert exp.description and exp.reproduces.startswith("seed 003")
+    for v in exp.all_variants:
+      cfg = named.config(exp, v, BenchConfig())
+      StrategyPlan.parse(cfg.strategy)
+      assert set(cfg.skip) <= set(SKIPPABLE)
+      assert cfg.requant is None or cfg.requant in GGMLQuantizationType.__members__
+      assert cfg.tokens == exp.bench.get("tokens", BenchConfig.tokens)
+
+def write(tmp_path: Path, text: str) -> Path:
+  (tmp_path / "defs").mkdir(exist_ok=True)
+  (tmp_path / "defs" / "x.yaml").write_text(text)
+  return tmp_path / "defs"
+
+GOOD = """
+description: d
+model: m
+bench: {tokens: 8}
+baseline: {name: base, switches: {strategy: packed_dot}}
+variants:
+  - {name: split ffn, switches: {strategy: "packed_dot,ffn=split", skip: [attention], row_upcast: 0}}
+"""
+
+@pytest.mark.parametrize("text, message", [
+  ("a: [", "not valid YAML"),
+  ("- 1", "expected a mapping at the top"),
+  (GOOD.replace("model: m\n", ""), "missing 'model'"),
+  (GOOD.replace("row_upcast: 0", "row_upcast: eight"), "row_upcast must be int, got 'eight'"),
+  (GOOD.replace("skip:", "skipp:"), "unknown key 'skipp'"),
+  (GOOD.replace("tokens: 8", "tokens: true"), "tokens must be int, got True"),
+  (GOOD.replace("split ffn", "base"), "variant names must be unique"),
+  (GOOD.replace("variants:\n  - ", "variants: []\nx: "), "'variants' must be a non-empty list"),
+])
+def test_bad_definitions_are_named(tmp_path: Path, text: str, message: str):
+  defs = write(tmp_path, text)
+  with pytest.raises(named.ExperimentError, match=message) as e: named.load_all(defs)
+  assert str(defs / "x.yaml") in str(e.value) and "\n" not in str(e.value)
+
+def test_unknown_experiment_lists_known(tmp_path: Path):
+  with pytest.raises(named.ExperimentError, match=r"no experiment named 'y' \(known: x\)"): named.find("y", write(tmp_path, GOOD))
+
+def test_config_precedence(tmp_path: Path):
+  exp = named.find("x", write(tmp_path, GOOD))
+  variant = exp.variants[0]
+  cfg = named.config(exp, variant, BenchConfig(warmup=7, peer=False))
+  assert (cfg.tokens, cfg.warmup, cfg.peer) == (8, 7, False)
+  assert (cfg.strategy, cfg.skip, cfg.row_upcast) == ("packed_dot,ffn=split", ("attention",), 0)
+  assert named.config(exp, variant, BenchConfig(), {"tokens": 3}).tokens == 3
+  assert named.config(exp, exp.baseline, BenchConfig()).skip == ()
+
+@pytest.mark.parametrize("spec, plan", [
+  ("fused", StrategyPlan("fused")),
+  ("packed_dot,Q6_K=split", StrategyPlan("packed_dot", {GGMLQuantizationType.Q6_K: "split"})),
+  ("Q4_K=fused,ffn=dequant_cache,split", StrategyPlan("split", {GGMLQuantizationType.Q4_K: "fused"}, "dequant_cache")),
+])
+def test_strategy_specs(spec: str, plan: StrategyPlan):
+  assert StrategyPlan.parse(spec) == plan
+  assert StrategyPlan.parse(plan.spec()) == plan
+  assert plan.for_weight("blk.0.ffn_up", GGMLQuantizationType.Q4_K) == (plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
+  assert plan.for_weight("blk.0.attn_q", GGMLQuantizationType.Q6_K) == plan.by_type.get(GGMLQuantizationType.Q6_K, plan.default)
+
+@pytest.mark.parametrize("spec, message", [("nope", "unknown matmul strategy 'nope'"), ("Q9_K=fused", "'Q9_K' is neither a GGML type"),
+                                           ("ffn=nope", "unknown matmul strategy 'nope'")])
+def test_bad_strategy_specs(spec: str, message: str):
+  with pytest.raises(ValueError, match=message): StrategyPlan.parse(spec)
