@@ -42,10 +42,13 @@ class BenchConfig:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
             "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant}
 
-  def describe(self) -> str:
-    """The switches that differ from the defaults, or 'default switches'."""
-    default = BenchConfig().switches()
-    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in self.switches().items() if v != default[k]) or "default switches"
+  def describe(self) -> str: return changed_switches(self.switches())
+
+def changed_switches(switches: dict) -> str:
+  """The switches of a record that differ from the defaults, or 'default switches'."""
+  default = BenchConfig().switches()
+  changed = {k: v for k, v in switches.items() if v is not None and v != default.get(k)}
+  return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in changed.items()) or "default switches"
 
   def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
 
@@ -118,7 +121,7 @@ def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
 
 def table(records: list[dict]) -> str:
   head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "prefill tok/s", "peers tok/s")
-  rows = [(r["model"], r["device"].split(",")[0][:40], ",".join(f"{k}={v}" for k, v in r["switches"].items() if v not in (None, 0)),
+  rows = [(r["model"], r["device"].split(",")[0][:40], changed_switches(r["switches"]),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
            f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['prefill_tok_s']:.1f}",
            ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
