@@ -19,10 +19,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from experiments.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 KINDS = ("kernels", "speed", "breakdown", "history")
 FORMATS = ("png", "svg", "pdf")
-CATEGORIES = ("matmul", "reduce", "elementwise", "copy")   # stacked bottom to top; others follow, sorted
 DPI = 120
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible
 BASELINE_COLOR, VARIANT_COLOR, TOKS_COLOR, FLOOR_COLOR = "#9e9e9e", "#4c72b0", "#dd8452", "#c44e52"
