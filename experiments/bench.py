@@ -44,12 +44,6 @@ class BenchConfig:
 
   def describe(self) -> str: return changed_switches(self.switches())
 
-def changed_switches(switches: dict) -> str:
-  """The switches of a record that differ from the defaults, or 'default switches'."""
-  default = BenchConfig().switches()
-  changed = {k: v for k, v in switches.items() if v is not None and v != default.get(k)}
-  return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in changed.items()) or "default switches"
-
   def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
 
   def tinygrad_context(self) -> Context: return Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size)
@@ -57,6 +51,12 @@ def changed_switches(switches: dict) -> str:
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
                    progress=False, row_upcast=self.row_upcast, skip=self.skip)
+
+def changed_switches(switches: dict) -> str:
+  """The switches of a record that differ from the defaults, or 'default switches'."""
+  default = BenchConfig().switches()
+  changed = {k: v for k, v in switches.items() if v is not None and v != default.get(k)}
+  return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in changed.items()) or "default switches"
 
 def prompt_ids(rt: Runtime, n: int) -> list[int]:
   """A fixed prompt of n token ids, spread over the vocabulary."""
