@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from tinygrad import Device, Tensor, TinyJit, dtypes
+from tinygrad.codegen import to_program_cache
 from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
 from experiments.kernels import CATEGORIES, replay_kernels
@@ -76,6 +77,9 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   with cfg.tinygrad_context(): return _bench(cfg.model_file(path), name, cfg)
 
 def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
+  # kernels compiled by an earlier run in this process would be reused for the same AST, whatever this run's codegen
+  # switches (row upcast, BEAM) ask for: start from an empty cache, which also makes compile_s a real compile
+  to_program_cache.clear()
   t0 = time.perf_counter()
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0

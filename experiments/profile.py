@@ -1,5 +1,6 @@
 """`tinyzoo profile`: one decode step kernel by kernel: its category, the block and module that made it (found from the
 labelled weights and caches it reads), and its time where the backend can measure one kernel alone."""
+import math
 import re
 import statistics
 import time
@@ -10,7 +11,7 @@ from unittest import mock
 import tinygrad.engine.jit as tinygrad_jit
 from tinygrad import Device
 from tinygrad.device import Buffer
-from tinygrad.engine.realize import ExecContext, pm_exec
+from tinygrad.engine.realize import ExecContext, get_call_arg_uops, pm_exec
 from tinygrad.uop.ops import Ops, UOp
 from experiments.kernels import CATEGORIES, Kernel, replay_kernels
 from models.weights import LabelKind
@@ -42,8 +43,20 @@ def buffer_labels(labels: list[tuple[str, LabelKind, object]]) -> Labels:
 
 _PRIORITY: dict[str, int] = {"matmul": 0, "cache": 1, "table": 2, "vector": 3}
 
+def _nbytes(u: UOp) -> int | None:
+  return math.prod(u.shape) * u.dtype.itemsize if u.shape is not None and all(isinstance(d, int) for d in u.shape) else None
+
+def _contracts(k: Kernel) -> bool:
+  """Whether a reduce combines two inputs, one of them much larger than its output: a GEMV over weights dequantized
+  into a buffer by an earlier kernel, where no labelled weight is read."""
+  if (prg := k.program) is None: return False
+  args = get_call_arg_uops(k.call)
+  ins = [n for i in prg.arg.ins if (n := _nbytes(args[prg.arg.globals[i]])) is not None]
+  outs = [n for i in prg.arg.outs if (n := _nbytes(args[prg.arg.globals[i]])) is not None]
+  return len(ins) >= 2 and bool(outs) and max(ins) >= 16 * max(outs)
+
 def category(k: Kernel, kinds: set[str]) -> str:
-  if k.is_reduce: return "matmul" if kinds & {"matmul", "cache"} else "reduce"
+  if k.is_reduce: return "matmul" if kinds & {"matmul", "cache"} or _contracts(k) else "reduce"
   return "elementwise" if k.computes else "copy"
 
 def _place(name: str) -> tuple[str, str]:

@@ -1,11 +1,14 @@
 """The lab end to end on a synthetic two-block model: a profile accounts for every kernel the bench counts, by block and
 module; an experiment run records baseline and variants, one journal record each; isolation and the FFN split move
 the kernel count the way their definitions say."""
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 import pytest
+from tinygrad.codegen import to_program_cache
+from tinygrad.codegen.opt import OptOps
 from experiments import journal, named
 from experiments.bench import BenchConfig, bench
 from experiments.kernels import CATEGORIES
@@ -56,7 +59,19 @@ variants:
   # two blocks: no FFN drops their FFN matmuls; the split adds one dequantize kernel per FFN weight
   assert attn["kernels_per_token"] < full["kernels_per_token"] and attn["bytes_per_token"] < full["bytes_per_token"]
   assert split["kernels_per_token"] == full["kernels_per_token"] + 2 * 3
+  # the added kernels are the dequantizes; the GEMVs over their buffers still count as matmuls
+  assert split["kernel_categories"] == {**full["kernel_categories"], "elementwise": full["kernel_categories"]["elementwise"] + 6}
   assert "ffn split" in named.results_table(records)
+
+def test_codegen_switches_apply_to_each_run(tiny: Path):
+  """Two runs in one process differing only in how kernels are optimized: the second compiles its own kernels."""
+  def row_upcast_kernels() -> int:
+    return sum(any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts) and any(o.op is OptOps.UNROLL and o.arg == 4 for o in opts)
+               for prg in to_program_cache.values() if (opts := prg.src[0].arg.applied_opts))
+  bench(tiny, "tiny", dataclasses.replace(SMALL, row_upcast=8))
+  assert row_upcast_kernels() > 0
+  bench(tiny, "tiny", dataclasses.replace(SMALL, row_upcast=0))
+  assert row_upcast_kernels() == 0
 
 def test_cli_profile_and_exp_errors(tiny: Path):
   def tinyzoo(*args: str) -> subprocess.CompletedProcess:
