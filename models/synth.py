@@ -1,11 +1,13 @@
 """Synthetic checkpoints: the shapes, metadata and kind of tokenizer of a real model (or of a small model built the same way), with
 seeded random weights in real GGML block layouts, written as a GGUF file that both tinyzoo and llama.cpp load.
 
-Weights are scaled so that activations stay near unit size: every matmul weight has a standard deviation of 1/sqrt(in_features)
-(its fp16 block scales are drawn to give that), norm weights are 1 + N(0, 0.1^2) (Gemma's GGUFs store the 1 + w already, so the
-same values keep its norms near identity), and the tied embedding table has a standard deviation of LOGIT_STD/sqrt(dim), so
-that the logits spread over a few units and their top ones stand apart. Each tensor's random stream depends only on the seed
-and the tensor's name, so a file is reproducible byte for byte and `layers` changes nothing in the blocks both files have."""
+Scales keep activations near unit size: every matmul weight has a standard deviation of 1/sqrt(in_features) (its block scales
+are drawn to give that), norm weights are 1 + N(0, 0.1^2) (Gemma's GGUFs store the 1 + w already, so these keep its norms near
+identity). The embedding table is small (the first residual has an RMS of 1/sqrt(dim)), and the output norm, around
+LOGIT_STD / RMS(embedding row), spreads the logits over a few units: with a tied output a token's own row then lifts its logit
+only by about LOGIT_STD / RMS(last residual), so that greedy decoding does not merely repeat the last token. Each tensor's random
+stream depends only on the seed and the tensor's name: a file is reproducible byte for byte, and `layers` changes nothing in the
+blocks two files share."""
 import functools
 import math
 import zlib
@@ -45,8 +47,9 @@ class BPEVocab:
     tokens = tokens + list(self.specials)
     types = [1] * (size - len(self.specials)) + [3] * len(self.specials)
     return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": self.pre, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": tokens.index(self.bos), "tokenizer.ggml.eos_token_id": tokens.index(self.eos),
-            "tokenizer.ggml.add_bos_token": self.add_bos, "tokenizer.ggml.add_eos_token": False}
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": tokens.index(self.bos),
+            "tokenizer.ggml.eos_token_id": tokens.index(self.eos), "tokenizer.ggml.add_bos_token": self.add_bos,
+            "tokenizer.ggml.add_eos_token": False}
 
 @dataclass(frozen=True)
 class SPMVocab:
@@ -105,10 +108,11 @@ def _bpe_merges(n: int) -> tuple[list[str], list[str]]:
 @functools.cache
 def _spm_pieces(n: int) -> list[str]:
   """n pieces: the characters, "\u2581" (a space) first, then pieces grown from them."""
-  return _SPM_CHARS[:1] + [*_SPM_CHARS[1:], *(a + b for a, b in _grow(_SPM_CHARS[1:], _SPM_CHARS[0], n - len(_SPM_CHARS)))]
+  return [*_SPM_CHARS, *(a + b for a, b in _grow(_SPM_CHARS[1:], _SPM_CHARS[0], n - len(_SPM_CHARS)))]
 
-LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
-                   "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>")
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+                   "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+                   "<|eot_id|>", "<|python_tag|>")
 SMOLLM2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>", "<gh_stars>",
                     "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>", "<jupyter_code>", "<jupyter_output>",
                     "<jupyter_script>", "<empty_output>")
@@ -165,20 +169,21 @@ def _smollm2(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, 
 def _gemma3(name: str, n_layers: int, dim: int, head_dim: int, ffn_dim: int, vocab_size: int, window: int, quant: str) -> Preset:
   return Preset(name, "gemma3", n_layers, dim, 4, 1, head_dim, ffn_dim, vocab_size, 32768, 1e-6, 1e6, quant, SPMVocab(), sliding_window=window)
 
-# the -tiny presets: 2 blocks and small dimensions, built like their model (GQA ratio, head size against dim, rope, norms, window pattern);
-# the Gemma ones slide a window of 4 so that a short prompt already meets its edge
+# the -tiny presets: 2 blocks and small dimensions, built like their model (GQA ratio, head size against dim, rope, norms, window pattern,
+# tokenizer). The Gemma ones slide a window of 4, so that a short prompt already meets its edge, and keep a head size whose
+# 1/sqrt is a power of two, as the real ones (256): llama.cpp scales Gemma's queries before rounding them to fp16, tinyzoo after
 PRESETS: dict[str, Preset] = {p.name: p for p in (
   _llama32("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 256),
   _llama32("llama3.2-1b-tiny", 2, 128, 4, 1, 512, 1024, 16),
   _smollm2("smollm2-135m", 30, 576, 9, 3, 1536, 49152),
   _smollm2("smollm2-135m-tiny", 2, 96, 3, 1, 256, 1024),
   _gemma3("gemma3-270m", 18, 640, 256, 2048, 262144, 512, "Q8_0"),
-  _gemma3("gemma3-270m-tiny", 2, 64, 32, 256, 2048, 4, "Q8_0"),
+  _gemma3("gemma3-270m-tiny", 2, 64, 64, 256, 2048, 4, "Q8_0"),
   _gemma3("gemma3-1b", 26, 1152, 256, 6912, 262144, 512, "Q4_0"),
   _gemma3("gemma3-1b-tiny", 2, 96, 16, 576, 2048, 4, "Q4_0"),
 )}
 
-def preset(name: str) -> Preset:
+def _preset(name: str) -> Preset:
   if name not in PRESETS: raise ValueError(f"unknown synthetic preset {name!r} (choose from {', '.join(PRESETS)})")
   return PRESETS[name]
 
@@ -213,14 +218,13 @@ def _layers(p: Preset, layers: int | None) -> int:
 def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) -> list[TensorSpec]:
   """Every tensor of the file, in order, without data. The embedding table (tied: it is the output projection too) is Q8_0
   under a quantized type and that float type otherwise."""
-  p = preset(name)
+  p = _preset(name)
   q, n_layers = _quant(quant, p), _layers(p, layers)
   embd = q if GGML_QUANT_SIZES[q][0] == 1 else T.Q8_0
   q_dim, kv_dim = p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   matmul = lambda n, out, inp: TensorSpec(n, q, (out, inp), 1 / math.sqrt(inp))
   norm = lambda n, size: TensorSpec(n, T.F32, (size,), NORM_STD, mean=1.0)
-  # the first residual (the embedding row, times sqrt(dim) in Gemma) has an RMS of 1/sqrt(dim): with tied embeddings a token's own
-  # row then adds only about LOGIT_STD / RMS(last residual) to its logit, so that greedy decoding does not just repeat the input
+  # the first residual (the embedding row, times sqrt(dim) in Gemma) has an RMS of 1/sqrt(dim) (see the module's docstring)
   embd_std = 1 / math.sqrt(p.dim) / (math.sqrt(p.dim) if p.arch == "gemma3" else 1)
   plan = [TensorSpec("token_embd.weight", embd, (p.vocab_size, p.dim), embd_std)]
   if p.llama3_rope is not None:
@@ -231,7 +235,8 @@ def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) 
     plan += [norm(f"{b}.attn_norm.weight", p.dim), matmul(f"{b}.attn_q.weight", q_dim, p.dim), matmul(f"{b}.attn_k.weight", kv_dim, p.dim),
              matmul(f"{b}.attn_v.weight", kv_dim, p.dim), matmul(f"{b}.attn_output.weight", p.dim, q_dim)]
     if p.arch == "gemma3":
-      plan += [norm(f"{b}.attn_q_norm.weight", p.head_dim), norm(f"{b}.attn_k_norm.weight", p.head_dim), norm(f"{b}.post_attention_norm.weight", p.dim)]
+      plan += [norm(f"{b}.attn_q_norm.weight", p.head_dim), norm(f"{b}.attn_k_norm.weight", p.head_dim),
+               norm(f"{b}.post_attention_norm.weight", p.dim)]
     plan += [norm(f"{b}.ffn_norm.weight", p.dim), matmul(f"{b}.ffn_gate.weight", p.ffn_dim, p.dim), matmul(f"{b}.ffn_up.weight", p.ffn_dim, p.dim),
              matmul(f"{b}.ffn_down.weight", p.dim, p.ffn_dim)]
     if p.arch == "gemma3": plan.append(norm(f"{b}.post_ffw_norm.weight", p.dim))
@@ -244,11 +249,12 @@ def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) 
 
 def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> dict:
   """The file's metadata (without general.architecture, which write_gguf adds): what llama.cpp needs to load it, what tinyzoo reads."""
-  p = preset(name)
+  p = _preset(name)
   q, n_layers, a = _quant(quant, p), _layers(p, layers), p.arch
   meta = {"general.type": "model", "general.name": f"synthetic {name} (seed {seed})", "general.quantization_version": 2,
           "general.file_type": int(_FILE_TYPES[q.name]),
-          f"{a}.context_length": p.context_length, f"{a}.embedding_length": p.dim, f"{a}.block_count": n_layers, f"{a}.feed_forward_length": p.ffn_dim,
+          f"{a}.context_length": p.context_length, f"{a}.embedding_length": p.dim, f"{a}.block_count": n_layers,
+          f"{a}.feed_forward_length": p.ffn_dim,
           f"{a}.attention.head_count": p.n_heads, f"{a}.attention.head_count_kv": p.n_kv_heads, f"{a}.attention.key_length": p.head_dim,
           f"{a}.attention.value_length": p.head_dim, f"{a}.attention.layer_norm_rms_epsilon": p.norm_eps, f"{a}.rope.freq_base": p.rope_base}
   if a == "llama": meta |= {"llama.rope.dimension_count": p.head_dim, "llama.vocab_size": p.vocab_size}
