@@ -57,7 +57,7 @@ def test_bad_files(small: Path, tmp_path: Path):
     assert_one_line_error(tinyzoo("info", str(tmp_path / name)), str(tmp_path / name), needle)
 
 def test_unknown_model_name():
-  assert_one_line_error(tinyzoo("info", "no-such-model"), "not a registered model (registered: gemma3-270m, smollm2-135m)")
+  assert_one_line_error(tinyzoo("info", "no-such-model"), "not a registered model (registered: gemma3-270m, smollm2-135m; synthetic: llama3.2-1b,")
 
 def test_matvec_bad_strategy(small: Path):
   assert_one_line_error(tinyzoo("matvec", str(small), "--strategies", "packed_dot,warp"), "unknown strategy 'warp'")
