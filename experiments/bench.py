@@ -13,9 +13,11 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen import to_program_cache
 from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
-from experiments.kernels import CATEGORIES, replay_kernels
+from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
+from models.moe import MoE
 from models.runtime import Runtime
+from ops.topk import topk_by_name
 from quant.linear import StrategyPlan
 from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
@@ -32,6 +34,7 @@ class BenchConfig:
   fuse: bool = True
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
+  topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
   beam: int = 0                     # tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)
   jit_batch_size: int = 32          # kernels per graph batch on backends with graphs (tinygrad's JIT_BATCH_SIZE)
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
@@ -41,7 +44,7 @@ class BenchConfig:
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
-            "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant}
+            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant}
 
   def describe(self) -> str: return changed_switches(self.switches())
 
@@ -51,7 +54,7 @@ class BenchConfig:
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip)
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""
@@ -102,6 +105,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
+  moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
             "switches": cfg.switches(), "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
@@ -110,6 +114,9 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2)}}
+  if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
+    per_block = topk_kernels(topk_by_name(cfg.topk), moe[0].n_experts, moe[0].n_used, rt.device)
+    record["metrics"]["topk"] = {"algorithm": cfg.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
   peers = [peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens) if cfg.peer else None,
            tinygrad_app(path, cfg) if cfg.tinygrad_src else None]
   if (peers := [p for p in peers if p is not None]): record["peer"], record["peers"] = peers[0], peers

@@ -1,7 +1,8 @@
 """What a TinyJit replays, kernel by kernel: the lab's core measurement. Kernels inside graph batches (and HCQ
 command batches) are listed one by one, so the count does not depend on how the backend batches them."""
 from dataclasses import dataclass
-from tinygrad import dtypes
+from typing import Callable
+from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.engine.jit import _TinyJit
 from tinygrad.uop.ops import GroupOp, Ops, UOp
 
@@ -51,3 +52,9 @@ def jit_programs(jit: _TinyJit) -> list[UOp]:
   return [prg for k in jit_kernels(jit) if (prg := k.program) is not None]
 
 def count_kernels(jit: _TinyJit) -> int: return len(jit_kernels(jit))
+
+def topk_kernels(topk: Callable[[Tensor, int], tuple[Tensor, Tensor]], n: int, k: int, device: str | None = None) -> int:
+  """Kernels of one top-k of k out of n scores (one token's routing choice), captured by itself in a TinyJit."""
+  run = TinyJit(lambda x: tuple(t.realize() for t in topk(x, k)))
+  for _ in range(3): run(Tensor.randn(1, 1, n, device=device).realize())
+  return count_kernels(run)

@@ -1,4 +1,4 @@
-"""The transformer pieces every dense architecture here is built from; architecture files only configure them."""
+"""The transformer pieces the architectures here are built from; architecture files only configure them."""
 from dataclasses import dataclass
 from typing import Callable
 from gguf import GGMLQuantizationType
@@ -14,13 +14,15 @@ from models.weights import Weights
 
 @dataclass(frozen=True)
 class AttentionSpec:
-  """How one layer attends: its rope tables and pairing, window, query scale and whether q and k are normalized."""
+  """How one layer attends: its rope tables and pairing, window, query scale, whether q and k are normalized and whether
+  each head has a learned sink logit (`attn_sinks`)."""
   rope: tuple[Tensor, Tensor]
   interleaved: bool
   scale: float
   window: int | None = None
   qk_norm: bool = False
   softcap: float | None = None
+  sinks: bool = False
 
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
@@ -30,6 +32,7 @@ class Attention:
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
+    self.sinks = w.vector(f"{prefix}.attn_sinks.weight", cfg.n_heads) if spec.sinks else None
     # under ggml rounding the cache is fp16 and q meets it in fp16, as in llama.cpp's default KV cache
     self.rounding = w.rounding
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
@@ -53,25 +56,37 @@ class Attention:
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
     q = round_activations(q, GGMLQuantizationType.F16, self.rounding)
-    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, softcap=self.spec.softcap)
+    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap)
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 
+def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
+  """`attention.sliding_window_pattern` as llama.cpp reads it: one flag per layer, or a period whose last layer attends
+  globally (0: every layer slides)."""
+  if isinstance(pattern, list): return [bool(p) for p in pattern[:n_layers]]
+  return [pattern == 0 or (i + 1) % pattern != 0 for i in range(n_layers)]
+
+Activation = Callable[[Tensor, Tensor], Tensor]
+
 class FeedForward:
-  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, activation: Callable[[Tensor, Tensor], Tensor]):
+  """down(activation(gate(x), up(x))) over `{prefix}.ffn_{gate,up,down}{suffix}` (suffix "_shexp": DeepSeek's shared experts)."""
+  def __init__(self, w: Weights, prefix: str, dim: int, ffn_dim: int | None, activation: Activation, suffix: str = ""):
+    if ffn_dim is None: raise w.g.fail(f"missing metadata key '{w.g.architecture}.feed_forward_length'")
     # gate and up stay separate: tinygrad already computes both in one kernel, with the activation
-    self.gate = w.linear(f"{prefix}.ffn_gate", cfg.ffn_dim, cfg.dim)
-    self.up = w.linear(f"{prefix}.ffn_up", cfg.ffn_dim, cfg.dim)
-    self.down = w.linear(f"{prefix}.ffn_down", cfg.dim, cfg.ffn_dim)
+    self.gate = w.linear(f"{prefix}.ffn_gate{suffix}", ffn_dim, dim)
+    self.up = w.linear(f"{prefix}.ffn_up{suffix}", ffn_dim, dim)
+    self.down = w.linear(f"{prefix}.ffn_down{suffix}", dim, ffn_dim)
     self.activation = activation
 
   def __call__(self, x: Tensor) -> Tensor: return self.down(self.activation(self.gate(x), self.up(x)))
 
 class Block:
-  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma). Components the weights'
-  options skip are left out of the residual stream, to measure the others alone."""
-  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Attention, ffn: FeedForward, sandwich: bool = False):
+  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma). `ffn_norm` names the norm
+  before the FFN (GPT-OSS calls it post_attention_norm). attn and ffn are any callables of that signature (MLA, MoE).
+  Components the weights' options skip are left out of the residual stream, to measure the others alone."""
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Callable[[Tensor, sint], Tensor], ffn: Callable[[Tensor], Tensor],
+               sandwich: bool = False, ffn_norm: str = "ffn_norm"):
     self.attn, self.ffn, self.eps, self.skip = attn, ffn, cfg.norm_eps, w.skip
-    self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.ffn_norm.weight", cfg.dim)
+    self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.{ffn_norm}.weight", cfg.dim)
     self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
     self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
 

@@ -13,7 +13,7 @@ class ModelConfig:
   n_kv_heads: int
   head_dim: int
   v_head_dim: int
-  ffn_dim: int
+  ffn_dim: int | None   # of the dense FFN; None where the model has none (GPT-OSS: experts only)
   vocab_size: int
   context_length: int
   norm_eps: float
@@ -39,7 +39,7 @@ class ModelConfig:
     if "token_embd.weight" not in g.tensors: raise g.fail("missing tensor 'token_embd.weight'")
     return ModelConfig(
       arch=arch, n_layers=key("block_count"), dim=dim, n_heads=n_heads, n_kv_heads=opt("attention.head_count_kv", n_heads),
-      head_dim=head_dim, v_head_dim=opt("attention.value_length", head_dim), ffn_dim=key("feed_forward_length"),
+      head_dim=head_dim, v_head_dim=opt("attention.value_length", head_dim), ffn_dim=opt("feed_forward_length"),
       vocab_size=g.tensors["token_embd.weight"].shape[0], context_length=key("context_length"),
       norm_eps=key("attention.layer_norm_rms_epsilon"), rope_base=opt("rope.freq_base", 10000.0), rope_dims=opt("rope.dimension_count", head_dim),
       yarn=yarn, sliding_window=opt("attention.sliding_window"), final_softcap=opt("final_logit_softcapping"))

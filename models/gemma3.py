@@ -2,7 +2,7 @@
 sliding-window layers (rope base 10000) for every global one (the metadata's rope base and scaling)."""
 import functools
 import math
-from models.blocks import Attention, AttentionSpec, Block, FeedForward, Transformer
+from models.blocks import Attention, AttentionSpec, Block, FeedForward, Transformer, sliding_layers
 from models.config import ModelConfig
 from models.weights import Weights
 from ops.activations import geglu
@@ -11,11 +11,6 @@ from ops.rope import rope_tables
 GLOBAL_EVERY = 6         # without a pattern in the metadata, layers 5, 11, 17, ... attend globally
 LOCAL_ROPE_BASE = 10000.0
 
-def local_layers(pattern: int | list, n_layers: int) -> list[bool]:
-  """`attention.sliding_window_pattern`: one flag per layer, or a period whose last layer is global."""
-  if isinstance(pattern, list): return [bool(p) for p in pattern[:n_layers]]
-  return [(i + 1) % pattern != 0 for i in range(n_layers)]
-
 def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
   if cfg.sliding_window is None: raise w.g.fail("missing metadata key 'gemma3.attention.sliding_window'")
   scale = 1 / math.sqrt(cfg.head_dim)
@@ -23,7 +18,7 @@ def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
   local_base = w.g.get("gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE)
   local = AttentionSpec(rope_tables(cfg.rope_dims, local_base, max_context, None, w.device), False, scale, cfg.sliding_window, qk_norm=True)
   glob = AttentionSpec(rope_tables(cfg.rope_dims, cfg.rope_base, max_context, cfg.yarn, w.device), False, scale, None, qk_norm=True)
-  is_local = local_layers(w.g.get("gemma3.attention.sliding_window_pattern", GLOBAL_EVERY), cfg.n_layers)
+  is_local = sliding_layers(w.g.get("gemma3.attention.sliding_window_pattern", GLOBAL_EVERY), cfg.n_layers)
   blocks = [Block(w, f"blk.{i}", cfg, Attention(w, f"blk.{i}", cfg, local if is_local[i] else glob, max_context),
-                  FeedForward(w, f"blk.{i}", cfg, act), sandwich=True) for i in range(cfg.n_layers)]
+                  FeedForward(w, f"blk.{i}", cfg.dim, cfg.ffn_dim, act), sandwich=True) for i in range(cfg.n_layers)]
   return Transformer(w, cfg, blocks, embed_scale=math.sqrt(cfg.dim))

@@ -37,7 +37,7 @@ class Timing:
 class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
                fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
-               skip: tuple[str, ...] = ()):
+               skip: tuple[str, ...] = (), topk: str = "pairwise"):
     use_row_upcast(row_upcast)
     self.gguf = GGUFFile(path)
     build = builder_for(self.gguf)
@@ -45,7 +45,7 @@ class Runtime:
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip)
+    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip, topk)
     self.model = build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)

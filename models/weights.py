@@ -5,7 +5,8 @@ from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
-from quant.linear import QuantLinear, StrategyPlan
+from ops.topk import topk_by_name
+from quant.linear import QuantExperts, QuantLinear, StrategyPlan
 from quant.qtensor import QTensor, concat_rows
 
 SKIPPABLE = ("attention", "ffn")   # component isolation: blocks leave these out of the residual stream
@@ -13,9 +14,10 @@ LabelKind = Literal["matmul", "vector", "table", "cache"]
 
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
-               progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = ()):
+               progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise"):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
     self.g, self.device, self.rounding, self.fuse, self.skip = g, device, rounding, fuse, frozenset(skip)
+    self.topk = topk_by_name(topk)
     self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
     self.linears: list[QuantLinear] = []   # every matmul made
@@ -38,6 +40,18 @@ class Weights:
 
   def linear(self, name: str, out_features: int, in_features: int) -> QuantLinear:
     return self.over(self._load(f"{name}.weight", (out_features, in_features)), name, self._bias(name, out_features))
+
+  def stacked(self, name: str, shape: tuple[int, ...]) -> QuantLinear:
+    """A matmul over a weight with leading dims [..., out, in] (one matrix per head), applied to x [..., in]."""
+    return self.over(self._load(f"{name}.weight", shape), name)
+
+  def experts(self, name: str, n_experts: int, out_features: int, in_features: int) -> QuantExperts:
+    """Expert weights [experts, out, in] (and a bias [experts, out] where the file has one), read per selected expert."""
+    weight = self._load(f"{name}.weight", (n_experts, out_features, in_features))
+    bias = self._load(f"{name}.bias", (n_experts, out_features)).dequantize().realize() if self.has(f"{name}.bias") else None
+    self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(name, weight.ggml_type), self.rounding))
+    self.label(name, "matmul", linear.cache if linear.cache is not None else weight.blocks)
+    return linear
 
   def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":
     """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""

@@ -7,7 +7,8 @@ Absorbed: q_lat[h] = q_nope[h] @ Wk[h] (dim r) makes q.key = concat(q_lat, q_pe)
 softmax @ v = (softmax @ c) @ Wv[h].T. So MLA is multi-query attention with one kv head whose key rows are the cache
 rows concat(c, k_pe) and whose values are their first r columns, followed by a per-head up-projection.
 The cache stores concat(c, k_pe) per position, [B, max_ctx, r + d_rope]; there is no separate V cache.
-q_pe and k_pe arrive with RoPE already applied.
+The caller absorbs q_nope through Wk before and expands the latent output through Wv after (both are per-head matmuls
+over packed weights); q_pe and k_pe arrive with RoPE already applied.
 """
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
@@ -23,9 +24,8 @@ class LatentCache:
     """Write c [B, T, r] and k_pe [B, T, d_rope] at start_pos; return the valid rows [B, start_pos+T, r + d_rope]."""
     return write_positions(self.rows, c.cat(k_pe.cast(c.dtype), dim=-1), start_pos)
 
-def mla_attention(q_nope: Tensor, q_pe: Tensor, rows: Tensor, wk: Tensor, wv: Tensor, start_pos: sint, *, scale: float) -> Tensor:
-  """q_nope [B, H, T, d_nope], q_pe [B, H, T, d_rope], rows [B, S, r + d_rope] from LatentCache -> [B, H, T, d_v]."""
-  rank = wk.shape[-1]
-  q = (q_nope @ wk).cat(q_pe.cast(q_nope.dtype), dim=-1)
+def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float) -> Tensor:
+  """q_lat [B, H, T, r] (q_nope @ Wk[h]), q_pe [B, H, T, d_rope], rows [B, S, r + d_rope] from LatentCache
+  -> the latent output [B, H, T, r] (softmax @ c), which Wv[h] expands to the heads' values."""
   kv = rows.unsqueeze(1)
-  return attention(q, kv, kv[..., :rank], start_pos, scale=scale) @ wv.transpose(-1, -2)
+  return attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale)

@@ -5,7 +5,7 @@ Gating modes:
   TOPK_SOFTMAX  top-k over the raw logits, softmax over the k selected (GPT-OSS)
   SIGMOID       independent sigmoid per expert (DeepSeek-V3, GLM-4.5: with bias, renorm=True and a scale)
 `bias` (per expert) is added only to choose the experts; the weights are the unbiased scores of the chosen ones.
-`renorm` divides the k weights by their sum, then everything is multiplied by `scale`.
+`renorm` divides the k weights by their sum (at least 2^-14, as llama.cpp clamps it), then everything is multiplied by `scale`.
 `topk` is the selection algorithm: pairwise_topk (few kernels) or Tensor.topk (bitonic sort).
 """
 import enum
@@ -27,5 +27,5 @@ def route(logits: Tensor, k: int, gating: Gating = Gating.SOFTMAX, *, bias: Tens
   values, experts = topk(scores if bias is None else scores + bias, k)
   weights = values if bias is None else scores.gather(-1, experts)
   if gating is Gating.TOPK_SOFTMAX: weights = weights.softmax(-1)
-  if renorm: weights = weights / weights.sum(axis=-1, keepdim=True)
+  if renorm: weights = weights / weights.sum(axis=-1, keepdim=True).maximum(2 ** -14)
   return weights * scale, experts.cast(dtypes.int32)

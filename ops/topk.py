@@ -16,3 +16,9 @@ def pairwise_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
   pick = rank.unsqueeze(-2) == Tensor.arange(k).unsqueeze(-1)  # [..., r, i] = rank[i] == r
   values = pick.where(xj, 0).sum(axis=-1).cast(x.dtype)
   return values, pick.where(idx, 0).sum(axis=-1).cast(dtypes.int32)
+
+TOPK_ALGORITHMS = ("pairwise", "sort")   # "sort" is tinygrad's Tensor.topk (a bitonic sort)
+
+def topk_by_name(name: str):
+  if name not in TOPK_ALGORITHMS: raise ValueError(f"unknown top-k algorithm {name!r} (choose from {', '.join(TOPK_ALGORITHMS)})")
+  return pairwise_topk if name == "pairwise" else Tensor.topk

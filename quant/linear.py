@@ -61,10 +61,10 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
 class _PackedWeight:
-  def __init__(self, weight: QTensor, strategy: str = "packed_dot", rounding: str = "exact"):
+  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact"):
     _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
-    self.weight, self.strategy, self.rounding = weight, strategy, rounding
+    self.weight, self.bias, self.strategy, self.rounding = weight, bias, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
 
   def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
@@ -75,17 +75,15 @@ class _PackedWeight:
     return dense_dot(w.contiguous() if self.strategy == "split" else w, x)
 
 class QuantLinear(_PackedWeight):
-  """y = x @ W.T (+ bias) with W [out, in] kept packed."""
-  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact"):
-    super().__init__(weight, strategy, rounding)
-    self.bias = bias
-
+  """y = x @ W.T (+ bias) with W [out, in] kept packed. A weight [..., out, in] with leading dims applies one matrix
+  per index of them to x [..., in] (its trailing dims before `in` broadcast against them)."""
   def __call__(self, x: Tensor) -> Tensor:
     y = self._matmul(x)
     return y if self.bias is None else y + self.bias
 
 class QuantExperts(_PackedWeight):
-  """Expert-indexed matmul over W [experts, out, in]: only the k selected experts' weights are read."""
+  """Expert-indexed matmul over W [experts, out, in] (bias [experts, out]): only the k selected experts' weights are read."""
   def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
-    return self._matmul(x, sel)
+    y = self._matmul(x, sel)
+    return y if self.bias is None else y + self.bias[sel]

@@ -33,7 +33,7 @@ def bench_config(args):
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   StrategyPlan.parse(args.strategy)
   return BenchConfig(args.prompt_tokens, getattr(args, "tokens", 1), args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse,
-                     args.row_upcast, tuple(args.skip), args.beam, args.jit_batch_size, args.requant, getattr(args, "bandwidth", None),
+                     args.row_upcast, tuple(args.skip), args.topk, args.beam, args.jit_batch_size, args.requant, getattr(args, "bandwidth", None),
                      not getattr(args, "no_peer", True), getattr(args, "tinygrad_src", None))
 
 def cmd_bench(args) -> None:
@@ -81,6 +81,7 @@ def cmd_synth(args) -> None:
 def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> None:
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
+  from ops.topk import TOPK_ALGORITHMS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", default="packed_dot", metavar="SPEC",
                  help=f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed by per-type and FFN overrides, "
@@ -90,6 +91,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                       f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
                       f"see README). Default {rounding}")
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
+  s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
+                 help="how MoE routing picks its experts: pairwise (rank comparisons, 3 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
   add_row_upcast_option(s)
 
 def add_bench_options(s: argparse.ArgumentParser) -> None:

@@ -26,7 +26,8 @@ def test_mla_absorbed_matches_definition(seed, rng):
   cache, twk, twv = LatentCache(B, max_ctx, RANK, D_ROPE), Tensor(wk), Tensor(wv)
 
   def step(q_nope: Tensor, q_pe: Tensor, c: Tensor, k_pe: Tensor, start_pos) -> Tensor:
-    return mla_attention(q_nope, q_pe, cache.update(c, k_pe, start_pos), twk, twv, start_pos, scale=scale).realize()
+    latent = mla_attention(q_nope @ twk, q_pe, cache.update(c, k_pe, start_pos), start_pos, scale=scale)
+    return (latent @ twv.transpose(-1, -2)).realize()
   decode = TinyJit(step)
 
   def inputs(lo: int, hi: int) -> list[Tensor]:

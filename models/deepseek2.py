@@ -1,0 +1,119 @@
+"""DeepSeek-style multi-head latent attention (GGUF architecture `deepseek2`: DeepSeek-V2-Lite, GLM-4.7-Flash, Youtu-LLM).
+
+Attention: q from a plain `attn_q` or through a low-rank `attn_q_a` -> `attn_q_a_norm` -> `attn_q_b` (q-LoRA); `attn_kv_a_mqa`
+gives the latent c (normalized by `attn_kv_a_norm`) and one shared rope key; q_nope is absorbed through `attn_k_b`, the
+latent output expanded through `attn_v_b` (ops/mla.py), so each layer caches only concat(c, k_pe) per position. Rope on
+interleaved pairs; with YaRN, llama.cpp moves the magnitude correction out of the rope into the query scale (below).
+FFN: the first `leading_dense_block_count` blocks are dense (all of them in Youtu-LLM), the rest mixtures of experts with
+shared experts, gated by softmax or sigmoid (with the `exp_probs_b` selection bias), renormalized and scaled as the
+metadata says."""
+import math
+from dataclasses import dataclass, replace
+from tinygrad import Tensor, dtypes
+from gguf import GGMLQuantizationType
+from tinygrad.uop.ops import sint
+from models.blocks import Block, FeedForward, Transformer
+from models.config import ModelConfig
+from models.moe import MoE, MoEConfig
+from models.weights import Weights
+from ops.activations import swiglu
+from ops.mla import LatentCache, mla_attention
+from ops.norm import rms_norm
+from ops.rope import Yarn, apply_rope, rope_tables
+from ops.routing import Gating
+from quant.activations import round_activations
+from quant.gguf_file import GGUFFile
+
+ARCH = "deepseek2"
+GATING = {1: Gating.SOFTMAX, 2: Gating.SIGMOID}   # `expert_gating_func` values llama.cpp defines for this architecture
+
+def gating(g: GGUFFile, n_layers: int) -> Gating:
+  """Files without the key (DeepSeek-V2, converted GLM-4.7-Flash) route as llama.cpp decides from the model's shape:
+  sigmoid for GLM-4.7-Flash (47 or 48 blocks and a vocabulary of 154880), softmax otherwise."""
+  func = g.get(f"{ARCH}.expert_gating_func", 0)
+  if func == 0:
+    vocab = g.get(f"{ARCH}.vocab_size") or g.array_len("tokenizer.ggml.tokens")
+    return Gating.SIGMOID if n_layers in (47, 48) and vocab == 154880 else Gating.SOFTMAX
+  if func not in GATING:
+    raise g.fail(f"unknown expert gating function {func} in '{ARCH}.expert_gating_func' (supported: "
+                 + ", ".join(f"{k} {v.value}" for k, v in GATING.items()) + ")")
+  return GATING[func]
+
+@dataclass(frozen=True)
+class MLAConfig:
+  q_lora_rank: int    # 0: a plain attn_q
+  kv_lora_rank: int
+  nope_dim: int       # per head, the query/key part without rope
+  rope_dim: int
+  v_dim: int
+  yarn_log_mul: float = 0.0
+
+  @staticmethod
+  def from_gguf(g: GGUFFile) -> "MLAConfig":
+    key = lambda name: g.require(f"{ARCH}.{name}")
+    rope_dim = key("rope.dimension_count")
+    k_dim = g.get(f"{ARCH}.attention.key_length_mla") or key("attention.key_length")
+    if k_dim <= rope_dim: raise g.fail(f"'{ARCH}.attention.key_length_mla' ({k_dim}) leaves no room beside {rope_dim} rope dims")
+    # the converter writes 0.1 * mscale_all_dim; llama.cpp divides the 0.1 back out
+    return MLAConfig(g.get(f"{ARCH}.attention.q_lora_rank", 0), key("attention.kv_lora_rank"), k_dim - rope_dim, rope_dim,
+                     g.get(f"{ARCH}.attention.value_length_mla") or key("attention.value_length"),
+                     g.get(f"{ARCH}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1)
+
+def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
+  """(the rope's YaRN with llama.cpp's attention factor, the factor on the query scale). llama.cpp cancels the rope's
+  magnitude correction 1 + 0.1 ln(factor) and, with a log multiplier m (DeepSeek-V2), scales q.k by (1 + 0.1 m ln(factor))^2."""
+  if yarn is None or yarn.ext_factor == 0 or yarn.factor <= 1: return yarn, 1.0
+  ramp = 1 + 0.1 * math.log(yarn.factor)
+  attn_factor = 1 / ramp if log_mul else 1.0   # with m set, llama.cpp's mscale / mscale_all_dim is m / m
+  mscale = attn_factor * ramp * (1 + 0.1 * log_mul * math.log(yarn.factor))
+  return replace(yarn, attn_factor=attn_factor), mscale * mscale
+
+class MLAttention:
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
+    self.cfg, self.mla, self.rope, self.scale, self.rounding = cfg, mla, rope, scale, w.rounding
+    H, r, dk = cfg.n_heads, mla.kv_lora_rank, mla.nope_dim + mla.rope_dim
+    first = (f"{prefix}.attn_q_a", mla.q_lora_rank) if mla.q_lora_rank else (f"{prefix}.attn_q", H * dk)
+    self.inputs = w.projections([first[0], f"{prefix}.attn_kv_a_mqa"], [first[1], r + mla.rope_dim], cfg.dim)
+    if mla.q_lora_rank:
+      self.q_a_norm = w.vector(f"{prefix}.attn_q_a_norm.weight", mla.q_lora_rank)
+      self.q_b = w.linear(f"{prefix}.attn_q_b", H * dk, mla.q_lora_rank)
+    self.kv_a_norm = w.vector(f"{prefix}.attn_kv_a_norm.weight", r)
+    if w.has(f"{prefix}.attn_kv_b.weight") and not w.has(f"{prefix}.attn_k_b.weight"):
+      raise w.g.fail(f"tensor '{prefix}.attn_kv_b.weight' is the old unsplit layout; reconvert the model with a current llama.cpp "
+                     "(which writes attn_k_b and attn_v_b)")
+    self.k_b = w.stacked(f"{prefix}.attn_k_b", (H, r, mla.nope_dim))
+    self.v_b = w.stacked(f"{prefix}.attn_v_b", (H, mla.v_dim, r))
+    self.o = w.linear(f"{prefix}.attn_output", cfg.dim, H * mla.v_dim)
+    # under ggml rounding the cache is fp16, as llama.cpp's default KV cache
+    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=dtypes.float16 if w.rounding == "ggml" else dtypes.float32, device=w.device)
+    w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
+
+  def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
+    (B, T, _), c, m = x.shape, self.cfg, self.mla
+    q, kv = self.inputs(x)
+    if m.q_lora_rank: q = self.q_b(rms_norm(q, self.q_a_norm, c.norm_eps))
+    q = q.reshape(B, T, c.n_heads, m.nope_dim + m.rope_dim)
+    cos, sin = (t[start_pos:start_pos + T] for t in self.rope)
+    q_pe = apply_rope(q[..., m.nope_dim:].transpose(1, 2), cos, sin, interleaved=True)
+    latent = rms_norm(kv[..., :m.kv_lora_rank], self.kv_a_norm, c.norm_eps)
+    k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
+    rows = self.cache.update(latent, k_pe, start_pos)
+    q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
+    q_lat, q_pe = (round_activations(t, GGMLQuantizationType.F16, self.rounding) for t in (q_lat, q_pe))
+    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale).transpose(1, 2))   # [B, T, H, v_dim]
+    return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
+
+def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
+  g, mla = w.g, MLAConfig.from_gguf(w.g)
+  n_layers = cfg.n_layers - g.get(f"{ARCH}.nextn_predict_layers", 0)   # multi-token-prediction blocks are not run
+  n_dense = g.get(f"{ARCH}.leading_dense_block_count", 0)
+  moe = None if n_dense >= n_layers else MoEConfig.from_gguf(w, gating(g, cfg.n_layers), renorm=g.get(f"{ARCH}.expert_weights_norm", False))
+  yarn, mscale2 = yarn_scales(cfg.yarn, mla.yarn_log_mul)
+  rope = rope_tables(mla.rope_dim, cfg.rope_base, max_context, yarn, w.device)
+  scale = mscale2 / math.sqrt(mla.nope_dim + mla.rope_dim)
+  blocks = []
+  for i in range(n_layers):
+    p = f"blk.{i}"
+    ffn = FeedForward(w, p, cfg.dim, cfg.ffn_dim, swiglu) if i < n_dense or moe is None else MoE(w, p, cfg.dim, moe, swiglu)
+    blocks.append(Block(w, p, cfg, MLAttention(w, p, cfg, mla, rope, scale, max_context), ffn))
+  return Transformer(w, cfg, blocks)

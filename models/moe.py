@@ -1,0 +1,50 @@
+"""The mixture-of-experts feed-forward: a router picks k experts per token, only those experts' packed weights are read
+(QuantExperts), their outputs are summed with the routing weights, and shared experts (DeepSeek) are added for every token."""
+from dataclasses import dataclass
+from tinygrad import Tensor
+from models.blocks import Activation, FeedForward
+from models.weights import Weights
+from ops.routing import Gating, route
+
+@dataclass(frozen=True)
+class MoEConfig:
+  n_experts: int
+  n_used: int
+  ffn_dim: int               # of one expert
+  gating: Gating
+  renorm: bool = False       # divide the k weights by their sum
+  scale: float = 1.0         # then multiply them by this
+  n_shared: int = 0          # shared experts, stored as one FFN of n_shared * ffn_dim
+
+  @staticmethod
+  def from_gguf(w: Weights, gating: Gating, renorm: bool = False, ffn_key: str = "expert_feed_forward_length") -> "MoEConfig":
+    g, arch = w.g, w.g.architecture
+    n_experts, n_used = g.require(f"{arch}.expert_count"), g.require(f"{arch}.expert_used_count")
+    if not 1 <= n_used <= n_experts: raise g.fail(f"'{arch}.expert_used_count' is {n_used}, but there are {n_experts} experts")
+    # llama.cpp reads 0 as "no scaling"
+    scale = g.get(f"{arch}.expert_weights_scale", 0.0) or 1.0
+    return MoEConfig(n_experts, n_used, g.require(f"{arch}.{ffn_key}"), gating, renorm, scale, g.get(f"{arch}.expert_shared_count", 0))
+
+class MoE:
+  """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
+  whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
+  def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Activation):
+    self.cfg, self.activation, self.topk = cfg, activation, w.topk
+    E, ff = cfg.n_experts, cfg.ffn_dim
+    self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)
+    self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias", E) if w.has(f"{prefix}.exp_probs_b.bias") else None
+    fused = w.has(f"{prefix}.ffn_gate_up_exps.weight")
+    self.gate_up = w.experts(f"{prefix}.ffn_gate_up_exps", E, 2 * ff, dim) if fused else None
+    self.gate = None if fused else w.experts(f"{prefix}.ffn_gate_exps", E, ff, dim)
+    self.up = None if fused else w.experts(f"{prefix}.ffn_up_exps", E, ff, dim)
+    self.down = w.experts(f"{prefix}.ffn_down_exps", E, dim, ff)
+    self.shared = FeedForward(w, prefix, dim, cfg.n_shared * ff, activation, suffix="_shexp") if cfg.n_shared else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    c = self.cfg
+    weights, sel = route(self.router(x), c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
+    xe = x.unsqueeze(-2)   # [B, T, 1, dim]: one input row shared by the k experts
+    if self.gate_up is not None: gate, up = self.gate_up(xe, sel).chunk(2, dim=-1)
+    else: gate, up = self.gate(xe, sel), self.up(xe, sel)   # type: ignore[misc]
+    out = (self.down(self.activation(gate, up), sel) * weights.unsqueeze(-1)).sum(axis=-2)
+    return out if self.shared is None else out + self.shared(x)
