@@ -23,10 +23,11 @@ from quant.random_blocks import FLOAT_DTYPES, random_blocks
 LOGIT_STD = 4.0      # the spread of the logits of a unit-RMS final hidden state
 NORM_STD = 0.1       # norm weights: 1 + N(0, NORM_STD^2)
 VOCAB_SEED = 0x70C   # tokenizers do not depend on the weights' seed: a smaller vocabulary is a prefix of a larger one
-QUANTS = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)}
+QUANTS = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)}
 _FILE_TYPES = {"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16, "Q4_0": LlamaFileType.MOSTLY_Q4_0,
                "Q4_1": LlamaFileType.MOSTLY_Q4_1, "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
-               "Q4_K": LlamaFileType.MOSTLY_Q4_K_S, "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K}
+               "Q4_K": LlamaFileType.MOSTLY_Q4_K_S, "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+               "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE}
 
 # ---- tokenizers
 
@@ -140,9 +141,37 @@ class Llama3Rope:
                     np.where(wavelen > self.orig_ctx / self.low_freq_factor, self.factor, ramp)).astype(np.float32)
 
 @dataclass(frozen=True)
+class MoESpec:
+  """Routed experts (and DeepSeek's shared experts and leading dense blocks) as llama.cpp reads them."""
+  n_experts: int
+  n_used: int
+  ffn_dim: int                  # of one expert
+  n_shared: int = 0
+  n_dense: int = 0              # leading blocks with a dense FFN (deepseek2)
+  gating: int | None = None     # deepseek2.expert_gating_func (1 softmax, 2 sigmoid); None leaves the key out
+  selection_bias: bool = False  # exp_probs_b: added to the scores only to choose the experts
+  norm: bool = False            # expert_weights_norm
+  scale: float | None = None    # expert_weights_scale
+
+@dataclass(frozen=True)
+class MLASpec:
+  """DeepSeek's latent attention: a q-LoRA rank (0: a plain attn_q), the latent rank and the per-head dims."""
+  q_lora_rank: int
+  kv_lora_rank: int
+  nope_dim: int
+  rope_dim: int
+  v_dim: int
+
+@dataclass(frozen=True)
+class YarnSpec:
+  factor: float
+  orig_ctx: int
+  log_mul: float | None = None  # deepseek2: rope.scaling.yarn_log_multiplier as the converter writes it (0.1 * mscale_all_dim)
+
+@dataclass(frozen=True)
 class Preset:
   name: str
-  arch: str                   # general.architecture: "llama" or "gemma3"
+  arch: str                   # general.architecture: "llama", "gemma3", "gpt-oss" or "deepseek2"
   n_layers: int
   dim: int
   n_heads: int
@@ -156,7 +185,12 @@ class Preset:
   quant: str                  # default GGML type of the matmul weights
   vocab: BPEVocab | SPMVocab
   llama3_rope: Llama3Rope | None = None
-  sliding_window: int | None = None   # gemma3: five layers of six attend within this window (rope base 10000), the sixth globally
+  sliding_window: int | None = None   # gemma3: five layers of six attend within this window (rope base 10000), the sixth globally;
+                                      # gpt-oss: even layers slide, odd ones attend fully
+  moe: MoESpec | None = None
+  mla: MLASpec | None = None
+  yarn: YarnSpec | None = None
+  tied: bool = True           # the output projection is the embedding table (no output.weight)
 
 def _llama32(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, ffn_dim: int, vocab_size: int, n_specials: int) -> Preset:
   return Preset(name, "llama", n_layers, dim, n_heads, n_kv_heads, dim // n_heads, ffn_dim, vocab_size, 131072, 1e-5, 500000.0, "Q4_0",
@@ -168,6 +202,34 @@ def _smollm2(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, 
 
 def _gemma3(name: str, n_layers: int, dim: int, head_dim: int, ffn_dim: int, vocab_size: int, window: int, quant: str) -> Preset:
   return Preset(name, "gemma3", n_layers, dim, 4, 1, head_dim, ffn_dim, vocab_size, 32768, 1e-6, 1e6, quant, SPMVocab(), sliding_window=window)
+
+def _mixtral(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, moe: MoESpec, vocab_size: int) -> Preset:
+  return Preset(name, "llama", n_layers, dim, n_heads, n_kv_heads, head_dim, moe.ffn_dim, vocab_size, 32768, 1e-5, 1e6, "Q4_0", SPMVocab(),
+                moe=moe, tied=False)
+
+GPT_OSS_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>",
+                    "<|call|>")
+
+def _gpt_oss(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, moe: MoESpec, vocab_size: int, window: int) -> Preset:
+  return Preset(name, "gpt-oss", n_layers, dim, n_heads, n_kv_heads, head_dim, moe.ffn_dim, vocab_size, 131072, 1e-5, 150000.0, "MXFP4",
+                BPEVocab("gpt-4o", GPT_OSS_SPECIALS, "<|startoftext|>", "<|return|>", add_bos=False), sliding_window=window, moe=moe,
+                yarn=YarnSpec(32.0, 4096), tied=False)
+
+DEEPSEEK_VOCAB = BPEVocab("deepseek-llm", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"), "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                          add_bos=True)
+# GLM's own pre-tokenizer ("glm4") is not one tinyzoo's BPE knows; gpt-4o's splits text the same way for ASCII
+GLM_VOCAB = BPEVocab("gpt-4o", ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+                                "<|observation|>"), "[gMASK]", "<|endoftext|>", add_bos=False)
+# Youtu-LLM's vocabulary is Llama 3's size; its own pre-tokenizer is not one tinyzoo's BPE knows, so it gets Llama 3's
+YOUTU_VOCAB = BPEVocab("llama-bpe", llama3_specials(16), "<|begin_of_text|>", "<|end_of_text|>", add_bos=True)
+
+def _deepseek2(name: str, n_layers: int, dim: int, n_heads: int, mla: MLASpec, ffn_dim: int, moe: MoESpec | None, vocab_size: int, ctx: int,
+               eps: float, rope_base: float, vocab: BPEVocab, yarn: YarnSpec | None = None, tied: bool = False) -> Preset:
+  # converted to the MLA form: one kv head whose key is the latent plus the rope key, and whose value is the latent
+  return Preset(name, "deepseek2", n_layers, dim, n_heads, 1, mla.kv_lora_rank + mla.rope_dim, ffn_dim, vocab_size, ctx, eps, rope_base, "Q4_0",
+                vocab, moe=moe, mla=mla, yarn=yarn, tied=tied)
+
+DEEPSEEK_V2_YARN = YarnSpec(40.0, 4096, 0.1 * 0.707)
 
 # the -tiny presets: 2 blocks and small dimensions, built like their model (GQA ratio, head size against dim, rope, norms, window pattern,
 # tokenizer). The Gemma ones slide a window of 4, so that a short prompt already meets its edge, and keep a head size whose
@@ -181,6 +243,21 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
   _gemma3("gemma3-270m-tiny", 2, 64, 64, 256, 2048, 4, "Q8_0"),
   _gemma3("gemma3-1b", 26, 1152, 256, 6912, 262144, 512, "Q4_0"),
   _gemma3("gemma3-1b-tiny", 2, 96, 16, 576, 2048, 4, "Q4_0"),
+  _mixtral("mixtral-8x7b", 32, 4096, 32, 8, 128, MoESpec(8, 2, 14336), 32000),
+  _mixtral("mixtral-8x7b-tiny", 2, 128, 4, 1, 32, MoESpec(4, 2, 256), 1024),
+  _gpt_oss("gpt-oss-20b", 24, 2880, 64, 8, 64, MoESpec(32, 4, 2880), 201088, 128),
+  _gpt_oss("gpt-oss-20b-tiny", 2, 96, 4, 2, 32, MoESpec(4, 2, 96), 1024, 4),
+  _deepseek2("deepseek-v2-lite", 27, 2048, 16, MLASpec(0, 512, 128, 64, 128), 10944, MoESpec(64, 6, 1408, 2, 1, gating=1, scale=1.0), 102400,
+             163840, 1e-6, 10000.0, DEEPSEEK_VOCAB, DEEPSEEK_V2_YARN),
+  _deepseek2("deepseek-v2-lite-tiny", 3, 128, 4, MLASpec(0, 64, 32, 16, 32), 256, MoESpec(8, 3, 64, 2, 1, gating=1, scale=1.0), 1024,
+             163840, 1e-6, 10000.0, DEEPSEEK_VOCAB, DEEPSEEK_V2_YARN),
+  # converted GLM-4.7-Flash files carry no gating function: llama.cpp picks sigmoid from the shape (47 blocks, 154880 tokens)
+  _deepseek2("glm-4.7-flash", 47, 2048, 20, MLASpec(768, 512, 192, 64, 256), 10240,
+             MoESpec(64, 4, 1536, 1, 1, selection_bias=True, norm=True, scale=1.8), 154880, 202752, 1e-5, 1e6, GLM_VOCAB),
+  _deepseek2("glm-4.7-flash-tiny", 3, 128, 4, MLASpec(96, 64, 64, 16, 64), 256,
+             MoESpec(8, 2, 64, 1, 1, gating=2, selection_bias=True, norm=True, scale=1.8), 1024, 202752, 1e-5, 1e6, GLM_VOCAB),
+  _deepseek2("youtu-llm-2b", 32, 2048, 16, MLASpec(1536, 512, 128, 64, 128), 6144, None, 128256, 131072, 1e-6, 1.6e6, YOUTU_VOCAB, tied=True),
+  _deepseek2("youtu-llm-2b-tiny", 2, 128, 4, MLASpec(96, 64, 32, 16, 32), 256, None, 1024, 131072, 1e-6, 1.6e6, YOUTU_VOCAB, tied=True),
 )}
 
 def _preset(name: str) -> Preset:
@@ -208,6 +285,7 @@ def element_std(ggml_type: T) -> float:
 def _quant(quant: str | None, p: Preset) -> T:
   name = p.quant if quant is None else quant
   if name not in QUANTS: raise ValueError(f"unknown quant type {name!r} (choose from {', '.join(QUANTS)})")
+  if name == "MXFP4" and p.moe is None: raise ValueError(f"MXFP4 is for expert weights, and {p.name} has no experts")
   return QUANTS[name]
 
 def _layers(p: Preset, layers: int | None) -> int:
@@ -215,15 +293,22 @@ def _layers(p: Preset, layers: int | None) -> int:
   if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1: raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
   return layers
 
+ROUTER_BIAS_STD = 0.5   # gpt-oss router biases, against router logits of unit spread
+BIAS_STD = 0.1          # projection biases; also DeepSeek's expert selection bias, against sigmoid scores in (0, 1)
+SINK_STD = 1.0          # gpt-oss attention sinks, logits of the attention softmax
+
 def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) -> list[TensorSpec]:
-  """Every tensor of the file, in order, without data. The embedding table (tied: it is the output projection too) is Q8_0
-  under a quantized type and that float type otherwise."""
+  """Every tensor of the file, in order, without data. The embedding table (tied unless the preset has an output projection) is
+  Q8_0 under a quantized type and that float type otherwise. MXFP4 (gpt-oss's default) puts the experts in MXFP4 and every other
+  matmul in Q8_0, as real GPT-OSS files are. Routers, norms, biases and sinks are F32."""
   p = _preset(name)
-  q, n_layers = _quant(quant, p), _layers(p, layers)
+  xq, n_layers = _quant(quant, p), _layers(p, layers)
+  q = T.Q8_0 if xq == T.MXFP4 else xq
   embd = q if GGML_QUANT_SIZES[q][0] == 1 else T.Q8_0
   q_dim, kv_dim = p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
-  matmul = lambda n, out, inp: TensorSpec(n, q, (out, inp), 1 / math.sqrt(inp))
+  matmul = lambda n, out, inp, lead=(), t=q: TensorSpec(n, t, (*lead, out, inp), 1 / math.sqrt(inp))
   norm = lambda n, size: TensorSpec(n, T.F32, (size,), NORM_STD, mean=1.0)
+  bias = lambda n, shape, std=BIAS_STD: TensorSpec(n, T.F32, shape, std, mean=0.0)
   # the first residual (the embedding row, times sqrt(dim) in Gemma) has an RMS of 1/sqrt(dim) (see the module's docstring)
   embd_std = 1 / math.sqrt(p.dim) / (math.sqrt(p.dim) if p.arch == "gemma3" else 1)
   plan = [TensorSpec("token_embd.weight", embd, (p.vocab_size, p.dim), embd_std)]
@@ -232,19 +317,54 @@ def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) 
     plan.append(TensorSpec("rope_freqs.weight", T.F32, factors.shape, 0.0, values=factors))
   for i in range(n_layers):
     b = f"blk.{i}"
-    plan += [norm(f"{b}.attn_norm.weight", p.dim), matmul(f"{b}.attn_q.weight", q_dim, p.dim), matmul(f"{b}.attn_k.weight", kv_dim, p.dim),
-             matmul(f"{b}.attn_v.weight", kv_dim, p.dim), matmul(f"{b}.attn_output.weight", p.dim, q_dim)]
+    plan.append(norm(f"{b}.attn_norm.weight", p.dim))
+    if p.mla is not None: plan += _mla_plan(p, b, matmul, norm)
+    else:
+      for n, out, inp in (("q", q_dim, p.dim), ("k", kv_dim, p.dim), ("v", kv_dim, p.dim), ("output", p.dim, q_dim)):
+        plan.append(matmul(f"{b}.attn_{n}.weight", out, inp))
+        if p.arch == "gpt-oss": plan.append(bias(f"{b}.attn_{n}.bias", (out,)))
+    if p.arch == "gpt-oss": plan += [bias(f"{b}.attn_sinks.weight", (p.n_heads,), SINK_STD), norm(f"{b}.post_attention_norm.weight", p.dim)]
     if p.arch == "gemma3":
       plan += [norm(f"{b}.attn_q_norm.weight", p.head_dim), norm(f"{b}.attn_k_norm.weight", p.head_dim),
                norm(f"{b}.post_attention_norm.weight", p.dim)]
-    plan += [norm(f"{b}.ffn_norm.weight", p.dim), matmul(f"{b}.ffn_gate.weight", p.ffn_dim, p.dim), matmul(f"{b}.ffn_up.weight", p.ffn_dim, p.dim),
-             matmul(f"{b}.ffn_down.weight", p.dim, p.ffn_dim)]
+    if p.arch != "gpt-oss": plan.append(norm(f"{b}.ffn_norm.weight", p.dim))
+    if p.moe is None or i < p.moe.n_dense:
+      plan += [matmul(f"{b}.ffn_gate.weight", p.ffn_dim, p.dim), matmul(f"{b}.ffn_up.weight", p.ffn_dim, p.dim),
+               matmul(f"{b}.ffn_down.weight", p.dim, p.ffn_dim)]
+    else: plan += _moe_plan(p, b, xq, matmul, bias)
     if p.arch == "gemma3": plan.append(norm(f"{b}.post_ffw_norm.weight", p.dim))
   out_gain = LOGIT_STD / (embd_std * math.sqrt(p.dim))   # the output norm sets the spread of the logits
   plan.append(TensorSpec("output_norm.weight", T.F32, (p.dim,), NORM_STD * out_gain, mean=out_gain))
+  if not p.tied: plan.append(matmul("output.weight", p.vocab_size, p.dim))
   for t in plan:
     if t.shape[-1] % (block := GGML_QUANT_SIZES[t.ggml_type][0]):
       raise ValueError(f"{t.ggml_type.name} needs rows of whole {block}-element blocks; {name}'s {t.name} has rows of {t.shape[-1]}")
+  return plan
+
+def _mla_plan(p: Preset, b: str, matmul, norm) -> list[TensorSpec]:
+  m = p.mla
+  assert m is not None
+  H, dk = p.n_heads, m.nope_dim + m.rope_dim
+  q = [matmul(f"{b}.attn_q_a.weight", m.q_lora_rank, p.dim), norm(f"{b}.attn_q_a_norm.weight", m.q_lora_rank),
+       matmul(f"{b}.attn_q_b.weight", H * dk, m.q_lora_rank)] if m.q_lora_rank else [matmul(f"{b}.attn_q.weight", H * dk, p.dim)]
+  return q + [matmul(f"{b}.attn_kv_a_mqa.weight", m.kv_lora_rank + m.rope_dim, p.dim), norm(f"{b}.attn_kv_a_norm.weight", m.kv_lora_rank),
+              matmul(f"{b}.attn_k_b.weight", m.kv_lora_rank, m.nope_dim, (H,)), matmul(f"{b}.attn_v_b.weight", m.v_dim, m.kv_lora_rank, (H,)),
+              matmul(f"{b}.attn_output.weight", p.dim, H * m.v_dim)]
+
+def _moe_plan(p: Preset, b: str, xq: T, matmul, bias) -> list[TensorSpec]:
+  """The router (F32), its biases (gpt-oss) or selection bias (DeepSeek), the experts in `xq`, and shared experts."""
+  m, oss = p.moe, p.arch == "gpt-oss"
+  assert m is not None
+  E, ff = (m.n_experts,), m.ffn_dim
+  plan = [matmul(f"{b}.ffn_gate_inp.weight", m.n_experts, p.dim, t=T.F32)]
+  if oss: plan.append(bias(f"{b}.ffn_gate_inp.bias", E, ROUTER_BIAS_STD))
+  if m.selection_bias: plan.append(bias(f"{b}.exp_probs_b.bias", E))
+  for n, out, inp in (("gate", ff, p.dim), ("up", ff, p.dim), ("down", p.dim, ff)):
+    plan.append(matmul(f"{b}.ffn_{n}_exps.weight", out, inp, E, xq))
+    if oss: plan.append(bias(f"{b}.ffn_{n}_exps.bias", (*E, out)))
+  if m.n_shared:
+    plan += [matmul(f"{b}.ffn_gate_shexp.weight", m.n_shared * ff, p.dim), matmul(f"{b}.ffn_up_shexp.weight", m.n_shared * ff, p.dim),
+             matmul(f"{b}.ffn_down_shexp.weight", p.dim, m.n_shared * ff)]
   return plan
 
 def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> dict:
@@ -256,10 +376,37 @@ def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | N
           f"{a}.context_length": p.context_length, f"{a}.embedding_length": p.dim, f"{a}.block_count": n_layers,
           f"{a}.feed_forward_length": p.ffn_dim,
           f"{a}.attention.head_count": p.n_heads, f"{a}.attention.head_count_kv": p.n_kv_heads, f"{a}.attention.key_length": p.head_dim,
-          f"{a}.attention.value_length": p.head_dim, f"{a}.attention.layer_norm_rms_epsilon": p.norm_eps, f"{a}.rope.freq_base": p.rope_base}
-  if a == "llama": meta |= {"llama.rope.dimension_count": p.head_dim, "llama.vocab_size": p.vocab_size}
+          f"{a}.attention.value_length": p.head_dim if p.mla is None else p.mla.kv_lora_rank,
+          f"{a}.attention.layer_norm_rms_epsilon": p.norm_eps, f"{a}.rope.freq_base": p.rope_base}
+  if a in ("llama", "gpt-oss"): meta |= {f"{a}.rope.dimension_count": p.head_dim}
+  if a == "llama": meta[f"{a}.vocab_size"] = p.vocab_size
   if p.sliding_window is not None: meta[f"{a}.attention.sliding_window"] = p.sliding_window
+  if p.moe is not None:
+    meta |= {f"{a}.expert_count": p.moe.n_experts, f"{a}.expert_used_count": p.moe.n_used}
+    if a != "llama": meta[f"{a}.expert_feed_forward_length"] = p.moe.ffn_dim
+  if p.yarn is not None:
+    meta |= {f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": p.yarn.factor,
+             f"{a}.rope.scaling.original_context_length": p.yarn.orig_ctx}
+    if p.yarn.log_mul is not None: meta[f"{a}.rope.scaling.yarn_log_multiplier"] = p.yarn.log_mul
+  if p.mla is not None: meta |= _deepseek2_metadata(p, n_layers)
   return meta | p.vocab.metadata(p.vocab_size)
+
+def _deepseek2_metadata(p: Preset, n_layers: int) -> dict:
+  """As llama.cpp's converter writes the MLA form. llama.cpp requires attention.q_lora_rank unless the model has 26 or 27 blocks
+  (DeepSeek-V2-Lite's converter leaves it out), so a preset without q-LoRA of another depth writes 0."""
+  m, moe, a = p.mla, p.moe, "deepseek2"
+  assert m is not None
+  meta = {f"{a}.attention.kv_lora_rank": m.kv_lora_rank, f"{a}.attention.key_length_mla": m.nope_dim + m.rope_dim,
+          f"{a}.attention.value_length_mla": m.v_dim, f"{a}.rope.dimension_count": m.rope_dim, f"{a}.vocab_size": p.vocab_size,
+          f"{a}.leading_dense_block_count": n_layers if moe is None else moe.n_dense,
+          f"{a}.expert_feed_forward_length": p.ffn_dim if moe is None else moe.ffn_dim,
+          f"{a}.expert_shared_count": 0 if moe is None else moe.n_shared}
+  if m.q_lora_rank or n_layers not in (26, 27): meta[f"{a}.attention.q_lora_rank"] = m.q_lora_rank
+  if moe is not None:
+    if moe.scale is not None: meta[f"{a}.expert_weights_scale"] = moe.scale
+    if moe.norm: meta[f"{a}.expert_weights_norm"] = True
+    if moe.gating is not None: meta[f"{a}.expert_gating_func"] = moe.gating
+  return meta
 
 def _data(t: TensorSpec, seed: int) -> np.ndarray:
   if t.values is not None: return t.values
