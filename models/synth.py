@@ -418,6 +418,9 @@ def _data(t: TensorSpec, seed: int) -> np.ndarray:
 def synthesize(preset: str, out: str | Path, quant: str | None = None, seed: int = 0, layers: int | None = None) -> Path:
   """Writes the preset as a GGUF file at `out` (atomically) and returns its path. quant: the GGML type of the matmul weights
   (default: the preset's); layers: the number of blocks instead of the preset's. The same arguments give the same bytes."""
+  return write_gguf(out, PRESETS[preset].arch, metadata(preset, quant, seed, layers), tensors(preset, quant, seed, layers))
+
+def tensors(preset: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> list[RawTensor]:
+  """The file's tensors with their data, in order (see synthesize)."""
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0: raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-  plan = tensor_plan(preset, quant, layers)
-  return write_gguf(out, PRESETS[preset].arch, metadata(preset, quant, seed, layers), [RawTensor(t.name, t.ggml_type, _data(t, seed)) for t in plan])
+  return [RawTensor(t.name, t.ggml_type, _data(t, seed)) for t in tensor_plan(preset, quant, layers)]
