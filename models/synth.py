@@ -418,7 +418,7 @@ def _data(t: TensorSpec, seed: int) -> np.ndarray:
 def synthesize(preset: str, out: str | Path, quant: str | None = None, seed: int = 0, layers: int | None = None) -> Path:
   """Writes the preset as a GGUF file at `out` (atomically) and returns its path. quant: the GGML type of the matmul weights
   (default: the preset's); layers: the number of blocks instead of the preset's. The same arguments give the same bytes."""
-  return write_gguf(out, PRESETS[preset].arch, metadata(preset, quant, seed, layers), tensors(preset, quant, seed, layers))
+  return write_gguf(out, _preset(preset).arch, metadata(preset, quant, seed, layers), tensors(preset, quant, seed, layers))
 
 def tensors(preset: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> list[RawTensor]:
   """The file's tensors with their data, in order (see synthesize)."""
