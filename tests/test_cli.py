@@ -82,7 +82,7 @@ def test_prompt_longer_than_context():
 
 def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
   path = write_gguf(tmp_path / "bert.gguf", {"token_embd.weight": (T.F32, random_blocks(T.F32, (3, 8), rng), (3, 8))}, arch="bert")
-  assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"), "unsupported architecture 'bert' (supported: gemma3, llama)")
+  assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"), "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama)")
 
 def test_run_streams_text_and_ends_with_a_summary():
   r = tinyzoo("run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64")
