@@ -203,3 +203,20 @@ def test_bad_moe_files(tmp_path: Path):
   ]
   for path, needle in cases:
     assert_one_line_error(tinyzoo("logits", str(path), "-p", "hi"), str(path), needle)
+
+def test_fused_gate_up_experts_equal_split(tmp_path: Path):
+  """Recent converters write GPT-OSS's gate and up experts as one `ffn_gate_up_exps` (gate rows first, then up): the same
+  weights either way give the same logits."""
+  split = synth.synthesize("gpt-oss-20b-tiny", tmp_path / "split.gguf")
+  by_name = {t.name: t for t in synth.tensors("gpt-oss-20b-tiny")}
+  fused = []
+  for t in by_name.values():
+    if "_up_exps." in t.name: continue
+    if "_gate_exps." in t.name:
+      up = by_name[t.name.replace("gate_exps", "up_exps")]
+      t = RawTensor(t.name.replace("gate_exps", "gate_up_exps"), t.ggml_type, np.concatenate([t.data, up.data], axis=1))
+    fused.append(t)
+  fused_path = write_gguf(tmp_path / "fused.gguf", "gpt-oss", synth.metadata("gpt-oss-20b-tiny"), fused)
+  tokens = [5, 300, 17, 900, 42]
+  a, b = (Runtime(p, max_context=16, progress=False).prefill(tokens).numpy() for p in (split, fused_path))
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
