@@ -217,11 +217,12 @@ def _gpt_oss(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, 
 
 DEEPSEEK_VOCAB = BPEVocab("deepseek-llm", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"), "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                           add_bos=True)
-# GLM's own pre-tokenizer ("glm4") is not one tinyzoo's BPE knows; gpt-4o's splits text the same way for ASCII
-GLM_VOCAB = BPEVocab("gpt-4o", ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+# GLM's own pre-tokenizer ("glm4") is not one tinyzoo's BPE knows; llama.cpp splits it with Llama 3's expression, so it gets Llama 3's
+GLM_VOCAB = BPEVocab("llama-bpe", ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
                                 "<|observation|>"), "[gMASK]", "<|endoftext|>", add_bos=False)
-# Youtu-LLM's vocabulary is Llama 3's size; its own pre-tokenizer is not one tinyzoo's BPE knows, so it gets Llama 3's
-YOUTU_VOCAB = BPEVocab("llama-bpe", llama3_specials(16), "<|begin_of_text|>", "<|end_of_text|>", add_bos=True)
+# Youtu-LLM's vocabulary is Llama 3's size; its own pre-tokenizer ("youtu") is not one tinyzoo's BPE knows: gpt-4o's splits ASCII
+# text the same way but for digits (runs of up to 3 where youtu's takes them one by one)
+YOUTU_VOCAB = BPEVocab("gpt-4o", llama3_specials(16), "<|begin_of_text|>", "<|end_of_text|>", add_bos=True)
 
 def _deepseek2(name: str, n_layers: int, dim: int, n_heads: int, mla: MLASpec, ffn_dim: int, moe: MoESpec | None, vocab_size: int, ctx: int,
                eps: float, rope_base: float, vocab: BPEVocab, yarn: YarnSpec | None = None, tied: bool = False) -> Preset:
@@ -289,9 +290,17 @@ def _quant(quant: str | None, p: Preset) -> T:
   return QUANTS[name]
 
 def _layers(p: Preset, layers: int | None) -> int:
-  if layers is None: return p.n_layers
-  if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1: raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
-  return layers
+  if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+    raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
+  n = p.n_layers if layers is None else layers
+  if p.mla is not None and p.mla.q_lora_rank and _deepseek2_lite(n, p.vocab_size):
+    raise ValueError(f"llama.cpp reads no q-LoRA rank from a deepseek2 file of {n} blocks and {p.vocab_size} tokens (it takes one for "
+                     f"DeepSeek-V2-Lite), and {p.name} has q-LoRA: choose another number of layers")
+  return n
+
+def _deepseek2_lite(n_layers: int, vocab_size: int) -> bool:
+  """llama.cpp's shape rule for DeepSeek-V2-Lite-like files, whose converter writes no attention.q_lora_rank."""
+  return n_layers in (26, 27) or (n_layers == 48 and vocab_size == 128256)
 
 ROUTER_BIAS_STD = 0.5   # gpt-oss router biases, against router logits of unit spread
 BIAS_STD = 0.1          # projection biases; also DeepSeek's expert selection bias, against sigmoid scores in (0, 1)
@@ -392,8 +401,8 @@ def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | N
   return meta | p.vocab.metadata(p.vocab_size)
 
 def _deepseek2_metadata(p: Preset, n_layers: int) -> dict:
-  """As llama.cpp's converter writes the MLA form. llama.cpp requires attention.q_lora_rank unless the model has 26 or 27 blocks
-  (DeepSeek-V2-Lite's converter leaves it out), so a preset without q-LoRA of another depth writes 0."""
+  """As llama.cpp's converter writes the MLA form. llama.cpp requires attention.q_lora_rank unless the file has DeepSeek-V2-Lite's
+  shape (whose converter leaves it out), so a preset without q-LoRA of another shape writes 0."""
   m, moe, a = p.mla, p.moe, "deepseek2"
   assert m is not None
   meta = {f"{a}.attention.kv_lora_rank": m.kv_lora_rank, f"{a}.attention.key_length_mla": m.nope_dim + m.rope_dim,
@@ -401,7 +410,7 @@ def _deepseek2_metadata(p: Preset, n_layers: int) -> dict:
           f"{a}.leading_dense_block_count": n_layers if moe is None else moe.n_dense,
           f"{a}.expert_feed_forward_length": p.ffn_dim if moe is None else moe.ffn_dim,
           f"{a}.expert_shared_count": 0 if moe is None else moe.n_shared}
-  if m.q_lora_rank or n_layers not in (26, 27): meta[f"{a}.attention.q_lora_rank"] = m.q_lora_rank
+  if m.q_lora_rank or not _deepseek2_lite(n_layers, p.vocab_size): meta[f"{a}.attention.q_lora_rank"] = m.q_lora_rank
   if moe is not None:
     if moe.scale is not None: meta[f"{a}.expert_weights_scale"] = moe.scale
     if moe.norm: meta[f"{a}.expert_weights_norm"] = True

@@ -7,6 +7,8 @@ from quant.qtensor import UnsupportedType
 
 USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 
+LLAMA_BENCH_HELP = ("measure llama.cpp with this llama-bench binary (a CUDA build, all layers offloaded) instead of llama-cpp-python: "
+                    "its decode of --tokens tokens after --prompt-tokens of context")
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
 
 def cmd_info(args) -> None:
@@ -14,8 +16,21 @@ def cmd_info(args) -> None:
   print(describe(GGUFFile(resolve_model(args.model))))
 
 def cmd_matvec(args) -> None:
-  from experiments.matvec import bench_model
-  bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch, args.row_upcast)
+  from experiments.matvec import bench_model, gemv_bandwidth
+  if args.shape is None: return bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch, args.row_upcast)
+  if args.model is not None: raise ValueError("give a model or --shape, not both")
+  try: rows, cols = (int(v) for v in args.shape.lower().split("x"))
+  except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {args.shape!r}") from None
+  if rows < 1 or cols < 1 or args.copies < 1: raise ValueError("--shape sizes and --copies must be positive")
+  from experiments import journal
+  from quant.matvec_opts import use_row_upcast
+  use_row_upcast(args.row_upcast)
+  for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
+    record = gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters)
+    if not args.no_journal: journal.append(record)
+    m = record["metrics"]
+    print(f"{record['model']} {strategy}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
+          f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
 
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
@@ -34,7 +49,7 @@ def bench_config(args):
   StrategyPlan.parse(args.strategy)
   return BenchConfig(args.prompt_tokens, getattr(args, "tokens", 1), args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse,
                      args.row_upcast, tuple(args.skip), args.topk, args.beam, args.jit_batch_size, args.requant, getattr(args, "bandwidth", None),
-                     not getattr(args, "no_peer", True), getattr(args, "tinygrad_src", None))
+                     not getattr(args, "no_peer", True), getattr(args, "llama_bench", None), getattr(args, "tinygrad_src", None))
 
 def cmd_bench(args) -> None:
   from experiments import journal
@@ -65,7 +80,8 @@ def cmd_exp(args) -> None:
       if not args.no_journal: journal.append(record)
       m = record["metrics"]
       print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
-    records = named.run(exp, resolve_model, args.model, BenchConfig(peer=not args.no_peer), args.variant, sizes, on_record=note)
+    base = BenchConfig(peer=not args.no_peer, llama_bench=args.llama_bench)
+    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=note)
     print(named.results_table(records))
 
 def cmd_plot(args) -> None:
@@ -125,6 +141,10 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--strategies", default="packed_dot,fused,dequant_cache", help="comma-separated strategies (default: all)")
   s.add_argument("--iters", type=int, default=20, help="timed calls after warm-up (default 20)")
   s.add_argument("--batch", type=int, default=1, help="activation rows: 1 is a matvec (default 1)")
+  s.add_argument("--shape", metavar="ROWSxCOLS", help="instead of a model: random weights of this shape, timed against a device copy and journaled")
+  s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
+  s.add_argument("--copies", type=int, default=8, help="--shape weights read in turn, so that together they outgrow the caches (default 8)")
+  s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
   add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)
 
@@ -167,6 +187,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
   s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
   s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
+  s.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
   s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (a9069c177a works)")
   s.add_argument("--no-journal", action="store_true", help="do not append the record to experiments/journal.jsonl")
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
@@ -202,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
   e.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
   e.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
   e.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
+  e.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
   e.add_argument("--no-journal", action="store_true", help="do not append the records to experiments/journal.jsonl")
   s.set_defaults(fn=cmd_exp)
 
@@ -217,14 +239,15 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("-o", "--output", required=True, help="the chart file: .png, .svg or .pdf")
   s.set_defaults(fn=cmd_plot)
 
-  from models.synth import PRESETS
+  from models.synth import PRESETS, QUANTS
   s = sub.add_parser("synth", help="write a synthetic GGUF with a real model's shapes and seeded random weights",
                      description="Writes a GGUF with the shapes, metadata and tokenizer kind of a named model, seeded random weights in real "
                                  "block layouts and a valid tokenizer; general.name says it is synthetic. llama.cpp loads every preset. "
                                  "Presets are also accepted as model names by the other commands (made once into the cache).")
   s.add_argument("preset", choices=list(PRESETS), metavar="PRESET", help=f"one of {', '.join(PRESETS)}")
   s.add_argument("-o", "--output", required=True, help="the GGUF file to write")
-  s.add_argument("--quant", help="GGML type of the matmul weights (default: the preset's)")
+  s.add_argument("--quant", help=f"GGML type of the matmul weights: {', '.join(QUANTS)} (default: the preset's; MXFP4, for presets with "
+                                 "experts, puts the experts in MXFP4 and every other matmul in Q8_0)")
   s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
   s.add_argument("--layers", type=int, help="number of blocks (default: the preset's)")
   s.set_defaults(fn=cmd_synth)

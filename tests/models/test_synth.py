@@ -1,6 +1,7 @@
 """Synthetic checkpoints (models.synth): the tiny presets have the structure of their models, the full presets the real shapes and
-metadata, files are reproducible byte for byte, bad arguments are one-line errors, the tokenizers are well formed, and every
-preset agrees with llama.cpp (fixtures/make_synth_fixtures.py) through `tinyzoo logits` with its default ggml rounding.
+metadata, the MoE and MLA presets the keys and tensors llama.cpp's loader requires, files are reproducible byte for byte, bad
+arguments are one-line errors, the tokenizers are well formed, and every dense preset agrees with llama.cpp
+(fixtures/make_synth_fixtures.py) through `tinyzoo logits` with its default ggml rounding (the MoE and MLA ones: test_moe.py).
 
 Acceptance, on the exact file the fixture was made from (its sha256): identical tokenizations, top-20 overlap >= 15, the
 shared top-20 logits within TOLERANCE, and the first 4 greedy tokens equal up to a step where llama.cpp's top-two margin is
@@ -117,6 +118,118 @@ def test_config_reads_rope_freqs(synthesized):
   assert cfg.yarn.factor == 1.0 and cfg.yarn.ext_factor == 0.0
   np.testing.assert_array_equal(cfg.yarn.freq_factors, p.llama3_rope.freq_factors(p.head_dim, p.rope_base))
 
+# ---- the MoE and MLA presets as llama.cpp loads them
+
+MOE = [n for n, p in synth.PRESETS.items() if p.moe is not None or p.mla is not None]
+MOE_FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "moe_llama_cpp.json").read_text(encoding="utf-8"))["cases"]
+
+def llama_cpp_tensors(arch: str, meta: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+  """The tensors llama.cpp 0.3.36 creates for a llama (with experts), gpt-oss or MLA deepseek2 file, each with its ne (the numpy
+  shape reversed), derived from the metadata alone as its load_hparams and load_arch_tensors do; and the optional ones among them.
+  A key llama.cpp requires is read with meta[...], so a missing one fails here as it fails there."""
+  req = lambda key: meta[f"{arch}.{key}"]
+  opt = lambda key, default=0: meta.get(f"{arch}.{key}", default)
+  req("context_length"), req("attention.layer_norm_rms_epsilon")
+  n_layer, n_embd, n_head, n_vocab = req("block_count"), req("embedding_length"), opt("attention.head_count"), len(meta["tokenizer.ggml.tokens"])
+  n_head_kv = opt("attention.head_count_kv", n_head)
+  head_k, head_v = opt("attention.key_length", n_embd // n_head), opt("attention.value_length", n_embd // n_head)
+  n_rot, n_ff, n_expert, n_used = opt("rope.dimension_count", head_k), opt("feed_forward_length"), opt("expert_count"), opt("expert_used_count")
+  assert n_used <= n_expert and (n_used > 0) == (n_expert > 0)
+  t, optional = {"token_embd.weight": (n_embd, n_vocab), "output_norm.weight": (n_embd,), "output.weight": (n_embd, n_vocab)}, set()
+  if arch != "gpt-oss": optional.add("output.weight")   # llama and deepseek2 fall back to the embedding table
+  experts = lambda b, ff: {b + "ffn_gate_inp.weight": (n_embd, n_expert), b + "ffn_gate_exps.weight": (n_embd, ff, n_expert),
+                           b + "ffn_up_exps.weight": (n_embd, ff, n_expert), b + "ffn_down_exps.weight": (ff, n_embd, n_expert)}
+  dense = lambda b, ff: {b + "ffn_gate.weight": (n_embd, ff), b + "ffn_up.weight": (n_embd, ff), b + "ffn_down.weight": (ff, n_embd)}
+  if arch == "deepseek2":
+    lite = n_layer in (26, 27) or (n_layer == 48 and opt("vocab_size", n_vocab) == 128256)
+    q_lora, kv_lora, n_ff_exp, n_shared = 0 if lite else req("attention.q_lora_rank"), req("attention.kv_lora_rank"), \
+                                          req("expert_feed_forward_length"), req("expert_shared_count")
+    k_mla, v_mla, n_dense = opt("attention.key_length_mla"), opt("attention.value_length_mla"), opt("leading_dense_block_count")
+    assert k_mla and v_mla and (head_k, head_v) == (kv_lora + n_rot, kv_lora)   # the MLA form (else llama.cpp wants attn_kv_b)
+    assert n_dense >= n_layer or n_expert > 0
+  elif arch == "gpt-oss": n_ff_exp, _ = req("expert_feed_forward_length"), req("attention.sliding_window")
+  else: assert n_rot == head_k   # llama.cpp's "invalid n_rot"
+  for i in range(n_layer):
+    b = f"blk.{i}."
+    t[b + "attn_norm.weight"] = (n_embd,)
+    if arch == "deepseek2":
+      nope = k_mla - n_rot
+      t |= {b + "attn_kv_a_norm.weight": (kv_lora,), b + "attn_kv_a_mqa.weight": (n_embd, kv_lora + n_rot),
+            b + "attn_k_b.weight": (nope, kv_lora, n_head), b + "attn_v_b.weight": (kv_lora, v_mla, n_head),
+            b + "attn_output.weight": (n_head * v_mla, n_embd), b + "ffn_norm.weight": (n_embd,)}
+      t |= {b + "attn_q_a_norm.weight": (q_lora,), b + "attn_q_a.weight": (n_embd, q_lora), b + "attn_q_b.weight": (q_lora, n_head * k_mla)} \
+           if q_lora else {b + "attn_q.weight": (n_embd, n_head * k_mla)}
+      if i < n_dense: t |= dense(b, n_ff)
+      else:
+        sh = n_ff_exp * n_shared
+        t |= experts(b, n_ff_exp) | {b + "exp_probs_b.bias": (n_expert,), b + "ffn_gate_shexp.weight": (n_embd, sh),
+                                     b + "ffn_up_shexp.weight": (n_embd, sh), b + "ffn_down_shexp.weight": (sh, n_embd)}
+        optional.add(b + "exp_probs_b.bias")
+    else:
+      q, kv = n_head * head_k, n_head_kv * head_k
+      t |= {b + "attn_q.weight": (n_embd, q), b + "attn_k.weight": (n_embd, kv), b + "attn_v.weight": (n_embd, n_head_kv * head_v),
+            b + "attn_output.weight": (q, n_embd), b + "attn_output.bias": (n_embd,)}
+      if arch == "gpt-oss":
+        t |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,), b + "attn_sinks.weight": (n_head,),
+              b + "post_attention_norm.weight": (n_embd,), b + "ffn_gate_inp.bias": (n_expert,), b + "ffn_gate_exps.bias": (n_ff_exp, n_expert),
+              b + "ffn_up_exps.bias": (n_ff_exp, n_expert), b + "ffn_down_exps.bias": (n_embd, n_expert)} | experts(b, n_ff_exp)
+        optional |= {b + f"attn_{n}.bias" for n in "qkv"}
+      else:
+        t |= {b + "ffn_norm.weight": (n_embd,)} | (experts(b, n_ff) if n_expert else dense(b, n_ff))
+        optional.add(b + "attn_output.bias")
+  return t, optional
+
+def llama_cpp_gating(meta: dict) -> int:
+  """deepseek2's expert gating function as llama.cpp picks it: the key, else sigmoid for GLM-4.7-Flash's shape, else softmax."""
+  n_layer, n_vocab = meta["deepseek2.block_count"], meta.get("deepseek2.vocab_size", len(meta["tokenizer.ggml.tokens"]))
+  return meta.get("deepseek2.expert_gating_func") or (2 if n_layer in (47, 48) and n_vocab == 154880 else 1)
+
+def assert_llama_cpp_loads(name: str, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+  """Every tensor llama.cpp requires is there, none it does not create (it refuses a file with tensors left over), all of its shapes."""
+  want, optional = llama_cpp_tensors(synth.PRESETS[name].arch, meta)
+  assert not shapes.keys() - want.keys(), f"tensors llama.cpp does not create: {sorted(shapes.keys() - want.keys())[:5]}"
+  assert not want.keys() - optional - shapes.keys(), f"tensors llama.cpp requires: {sorted(want.keys() - optional - shapes.keys())[:5]}"
+  assert {n: s[::-1] for n, s in shapes.items()} == {n: want[n] for n in shapes}
+  if synth.PRESETS[name].arch == "deepseek2" and synth.PRESETS[name].moe is not None:
+    assert llama_cpp_gating(meta) == (2 if name.startswith("glm") else 1)
+  assert len(meta["tokenizer.ggml.token_type"]) == len(meta["tokenizer.ggml.tokens"])
+
+@pytest.mark.parametrize("name", [n for n in MOE if not n.endswith("-tiny")])
+def test_full_moe_presets_are_what_llama_cpp_loads(name: str):
+  assert_llama_cpp_loads(name, synth.metadata(name), {t.name: t.shape for t in synth.tensor_plan(name)})
+
+@pytest.mark.parametrize("name", [n for n in MOE if n.endswith("-tiny")])
+def test_tiny_moe_files_are_what_llama_cpp_loads(name: str, synthesized):
+  g, p = GGUFFile(synthesized(name)), synth.PRESETS[name]
+  meta = {k: g.get(k) for k in g.metadata_keys}
+  assert meta.keys() == {"general.architecture", *synth.metadata(name)} and g.architecture == p.arch
+  assert_llama_cpp_loads(name, meta, {n: t.shape for n, t in g.tensors.items()})
+  assert [(n, t.shape) for n, t in g.tensors.items()] == [(t.name, t.shape) for t in synth.tensor_plan(name)]
+  # tinyzoo reads the tokenizer too, with the real model's pre-tokenizer where it knows it (see models.synth)
+  tok = Tokenizer.from_gguf(g)
+  assert (tok.vocab.model, tok.vocab.pre, tok.vocab_size) == (meta["tokenizer.ggml.model"], meta["tokenizer.ggml.pre"], p.vocab_size)
+  if p.arch == "gpt-oss":   # its default quant: MXFP4 experts, Q8_0 every other matmul, F32 routers, biases, sinks and norms
+    types = {n: t.ggml_type for n, t in g.tensors.items()}
+    assert {types[n] for n in types if "_exps.weight" in n} == {T.MXFP4} and len(g.tensors["blk.0.ffn_up_exps.weight"].shape) == 3
+    assert {types[n] for n in types if n.endswith(".weight") and len(g.tensors[n].shape) == 2 and "gate_inp" not in n} == {T.Q8_0}
+    assert {types[n] for n in types if n.endswith(".bias") or len(g.tensors[n].shape) == 1 or "gate_inp" in n} == {T.F32}
+
+def test_glm_gating_key():
+  """Converted GLM-4.7-Flash files have no gating key (llama.cpp picks sigmoid by their shape); the tiny one, which that rule
+  misses, writes sigmoid (2), and the DeepSeek-V2-Lite presets softmax (1) as their converter does."""
+  assert "deepseek2.expert_gating_func" not in synth.metadata("glm-4.7-flash")
+  assert synth.metadata("glm-4.7-flash-tiny")["deepseek2.expert_gating_func"] == 2
+  assert {synth.metadata(n)["deepseek2.expert_gating_func"] for n in ("deepseek-v2-lite", "deepseek-v2-lite-tiny")} == {1}
+  assert "deepseek2.attention.q_lora_rank" not in synth.metadata("deepseek-v2-lite")   # as its converter: llama.cpp reads none at 27 blocks
+  assert synth.metadata("deepseek-v2-lite-tiny")["deepseek2.attention.q_lora_rank"] == 0   # required at 3 blocks
+
+def test_moe_preset_bytes_are_pinned(tmp_path: Path, synthesized):
+  """gpt-oss-20b-tiny (MXFP4 experts) is byte for byte the file moe_llama_cpp.json was made from, written again or not."""
+  name = "gpt-oss-20b-tiny"
+  want = next(c["sha256"] for c in MOE_FIXTURES if (c["preset"], c["quant"], c["seed"]) == (name, "MXFP4", 0))
+  again, other = synth.synthesize(name, tmp_path / "again.gguf"), synth.synthesize(name, tmp_path / "other.gguf", seed=1)
+  assert sha256(again) == sha256(synthesized(name)) == want != sha256(other)
+
 # ---- reproducibility and errors
 
 def test_same_seed_same_bytes(tmp_path: Path, synthesized):
@@ -141,6 +254,9 @@ def test_layers_and_quant(tmp_path: Path, synthesized):
   (("smollm2-135m-tiny", "Q4_K"), r"Q4_K needs rows of whole 256-element blocks; smollm2-135m-tiny's blk.0.attn_q.weight has rows of 96"),
   (("gemma3-1b-tiny", None, 0, 0), r"layers must be an integer >= 1, got 0"),
   (("gemma3-1b-tiny", None, -1), r"seed must be an integer >= 0, got -1"),
+  (("gpt-oss-20b-tiny", "Q4_K"), r"Q4_K needs rows of whole 256-element blocks; gpt-oss-20b-tiny's blk.0.attn_q.weight has rows of 96"),
+  (("smollm2-135m-tiny", "MXFP4"), r"MXFP4 is for expert weights, and smollm2-135m-tiny has no experts"),
+  (("glm-4.7-flash-tiny", None, 0, 27), r"llama.cpp reads no q-LoRA rank from a deepseek2 file of 27 blocks .*glm-4.7-flash-tiny has q-LoRA"),
 ])
 def test_bad_arguments(tmp_path: Path, args: tuple, message: str):
   with pytest.raises(ValueError, match=message): synth.synthesize(args[0], tmp_path / "x.gguf", *args[1:])
