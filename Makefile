@@ -6,7 +6,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
   -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: setup demo test lint reference
+.PHONY: setup demo test lint reference device-wheels device-llama-src
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,3 +28,16 @@ lint: setup
 
 reference: setup
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check -e '.[reference]'
+
+# What a lent GPU machine needs from here (experiments/device_env.sh); both folders are git-ignored and named in `carry`
+device-wheels: setup
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl \
+	  tinygrad==$$($(PY) -c 'import importlib.metadata as m; print(m.version("tinygrad"))') gguf==$$($(PY) -c 'import importlib.metadata as m; print(m.version("gguf"))')
+
+LLAMA_CPP_PY := 0.3.36
+LLAMA_SRC := build/lcsrc/llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp
+device-llama-src: setup
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d build/lcsrc llama-cpp-python==$(LLAMA_CPP_PY)
+	tar xzf build/lcsrc/llama_cpp_python-$(LLAMA_CPP_PY).tar.gz -C build/lcsrc
+	mkdir -p .lcpp && tar czf .lcpp/llama.cpp.tgz -C $(LLAMA_SRC) $(foreach b,blas cann et hexagon hip metal musa opencl openvino rpc sycl virtgpu vulkan webgpu zdnn zendnn,--exclude=ggml/src/ggml-$(b)) \
+	  --exclude='tools/server/public*' --exclude=tools/ui CMakeLists.txt cmake ggml src include common vendor tools licenses app

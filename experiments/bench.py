@@ -40,6 +40,7 @@ class BenchConfig:
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
+  llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
@@ -117,10 +118,14 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
     per_block = topk_kernels(topk_by_name(cfg.topk), moe[0].n_experts, moe[0].n_used, rt.device)
     record["metrics"]["topk"] = {"algorithm": cfg.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
-  peers = [peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens) if cfg.peer else None,
+  peers = [llama_cpp(path, cfg) if cfg.peer else None,
            tinygrad_app(path, cfg) if cfg.tinygrad_src else None]
   if (peers := [p for p in peers if p is not None]): record["peer"], record["peers"] = peers[0], peers
   return record
+
+def llama_cpp(path: Path, cfg: BenchConfig) -> dict | None:
+  if cfg.llama_bench: return peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.prompt_tokens, cfg.tokens)
+  return peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens)
 
 def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
   args = ["--src", str(cfg.tinygrad_src), str(path), "--prompt", str(cfg.prompt_tokens), "--warmup", str(cfg.warmup), "--tokens", str(cfg.tokens)]

@@ -45,9 +45,12 @@ def file_sha256(path: os.PathLike) -> str:
 
 def context() -> dict[str, Any]:
   """What every record carries: when, which code, on what."""
-  return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _git("rev-parse", "--short=12", "HEAD"),
-          "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")), "device": device_name(), "backend": Device.DEFAULT,
-          "tinygrad": version("tinygrad")}
+  commit, dirty = _git("rev-parse", "--short=12", "HEAD"), False
+  if commit: dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+  else:   # a copied tree without .git (a lent GPU machine) is told its commit, and whether it differs from it
+    commit, dirty = os.environ.get("TINYZOO_COMMIT", ""), os.environ.get("TINYZOO_DIRTY", "0") != "0"
+  return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+          "dirty": dirty, "device": device_name(), "backend": Device.DEFAULT, "tinygrad": version("tinygrad")}
 
 def append(record: dict[str, Any], path: os.PathLike = JOURNAL) -> None:
   line = (json.dumps(record, sort_keys=True) + "\n").encode()

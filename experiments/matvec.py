@@ -1,9 +1,16 @@
-"""`tinyzoo matvec`: one real weight per GGML type of a model, its matvec under each strategy, in JIT steady state."""
+"""`tinyzoo matvec`: one real weight per GGML type of a model, its matvec under each strategy, in JIT steady state; or one
+random weight of a given shape and type against the device's copy bandwidth."""
 import os
+import numpy as np
+from gguf import GGMLQuantizationType
 from tinygrad import Device, Tensor, dtypes
+from experiments import journal
+from experiments.bench import copy_bandwidth
 from quant.gguf_file import GGUFFile
 from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
+from quant.qtensor import QTensor
+from quant.random_blocks import random_blocks
 from quant.matvec_opts import use_row_upcast
 from experiments.steady import steady_state
 
@@ -26,3 +33,17 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
       read = lin.cache.nbytes() if lin.cache is not None else w.nbytes
       print(f"{info.ggml_type.name:<6} {info.name:<22} {'x'.join(map(str, info.shape)):>13} {s:<14} {m.kernels:>7} {m.median_ms:>9.3f} "
             f"{read / m.median_ms / 1e6:>7.2f}", flush=True)
+
+def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int = 8, iters: int = 50) -> dict:
+  """One matvec over `copies` random weights of [rows, cols] in turn (together larger than the caches, so the replays read
+  memory), in JIT steady state, against a device copy measured in the same run. Returns a journal record."""
+  if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
+  t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
+  lins = [QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy=strategy) for _ in range(copies)]
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)   # one kernel each, as in a model
+  read = sum(lin.cache.nbytes() if lin.cache is not None else lin.weight.nbytes for lin in lins)
+  gb_s, copy = read / m.median_ms / 1e6, copy_bandwidth()
+  return {**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": {"strategy": strategy},
+          "metrics": {"kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1), "copy_gb_s": round(copy, 1),
+                      "fraction_of_copy": round(gb_s / copy, 3)}}

@@ -1,5 +1,6 @@
-"""llama.cpp (through llama-cpp-python) as the peer engine: decode speed on the same GGUF, measured in a subprocess so its
-threads never share a process with tinygrad's. `python -m experiments.peer_llamacpp FILE` prints one JSON line."""
+"""llama.cpp as the peer engine: decode speed on the same GGUF. On the CPU through llama-cpp-python, in a subprocess so its
+threads never share a process with tinygrad's (`python -m experiments.peer_llamacpp FILE` prints one JSON line); on a GPU
+through a llama-bench binary built for it (`run_llama_bench`), every layer offloaded."""
 import argparse
 import json
 import statistics
@@ -31,6 +32,21 @@ def run(path: str, prompt_tokens: int, tokens: int, threads: int = 2) -> dict | 
     print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
   return json.loads(r.stdout.strip().splitlines()[-1])
+
+def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, repetitions: int = 3) -> dict | None:
+  """llama-bench's decode of `tokens` tokens after `prompt_tokens` of context (its tg test at that depth), or None (reason on stderr)."""
+  cmd = [binary, "-m", path, "-p", "0", "-n", str(tokens), "-d", str(prompt_tokens), "-ngl", "99", "-r", str(repetitions), "-o", "json"]
+  try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+  except OSError as e:
+    print(f"llama.cpp peer not measured: {e}", file=sys.stderr)
+    return None
+  if r.returncode != 0:
+    print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
+    return None
+  (test,) = json.loads(r.stdout)
+  return {"engine": f"llama.cpp (llama-bench {test['build_commit']}, {test['backends']}, {test['gpu_info']}, all layers offloaded)",
+          "tok_s": round(test["avg_ts"], 2), "tok_s_stddev": round(test["stddev_ts"], 2), "ms_per_token": round(1e3 / test["avg_ts"], 3),
+          "depth": test["n_depth"], "tokens": test["n_gen"]}
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt).")

@@ -5,6 +5,9 @@ from dataclasses import dataclass
 from typing import Callable
 from tinygrad import Device, Tensor, TinyJit
 from experiments.kernels import count_kernels
+from ops import cuda_graph
+
+cuda_graph.install()
 
 @dataclass(frozen=True)
 class Steady:

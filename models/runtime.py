@@ -11,10 +11,13 @@ from models.config import ModelConfig
 from models.registry import builder_for
 from models.tokenizer import Tokenizer
 from models.weights import Weights
+from ops import cuda_graph
 from ops.sampling import Sampler
 from quant.gguf_file import GGUFFile
 from quant.linear import StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast
+
+cuda_graph.install()
 
 DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = 32
