@@ -1,6 +1,7 @@
 """The `tinyzoo` command."""
 import argparse
 import sys
+from pathlib import Path
 from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
@@ -10,6 +11,10 @@ USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 LLAMA_BENCH_HELP = ("measure llama.cpp with this llama-bench binary (a CUDA build, all layers offloaded) instead of llama-cpp-python: "
                     "its decode of --tokens tokens after --prompt-tokens of context")
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
+
+def model_label(model: str | None) -> str:
+  """The name a record carries: a registered or synthetic name as given, a file by its name without .gguf."""
+  return Path(model).name.removesuffix(".gguf") if model and model.endswith(".gguf") else model or DEFAULT_MODEL
 
 def cmd_info(args) -> None:
   from tinyzoo.info import describe
@@ -54,14 +59,14 @@ def bench_config(args):
 def cmd_bench(args) -> None:
   from experiments import journal
   from experiments.bench import bench, dump, table
-  record = bench(resolve_model(args.model), args.model or DEFAULT_MODEL, bench_config(args))
+  record = bench(resolve_model(args.model), model_label(args.model), bench_config(args))
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
 
 def cmd_profile(args) -> None:
   import json
   from experiments.profile import as_json, profile_model, report
-  title, rows, note = profile_model(resolve_model(args.model), args.model or DEFAULT_MODEL, bench_config(args), args.repeats)
+  title, rows, note = profile_model(resolve_model(args.model), model_label(args.model), bench_config(args), args.repeats)
   print(json.dumps({"title": title, "note": note, "kernels": as_json(rows)}, indent=1) if args.json else report(title, rows, note, args.all))
 
 def cmd_exp(args) -> None:
