@@ -45,10 +45,9 @@ def file_sha256(path: os.PathLike) -> str:
 
 def context() -> dict[str, Any]:
   """What every record carries: when, which code, on what."""
-  commit, dirty = _git("rev-parse", "--short=12", "HEAD"), False
-  if commit: dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-  else:   # a copied tree without .git (a lent GPU machine) is told its commit, and whether it differs from it
-    commit, dirty = os.environ.get("TINYZOO_COMMIT", ""), os.environ.get("TINYZOO_DIRTY", "0") != "0"
+  if commit := os.environ.get("TINYZOO_COMMIT"):   # a copied tree (a lent GPU machine), whose .git may be missing or stale
+    dirty = os.environ.get("TINYZOO_DIRTY", "0") != "0"
+  else: commit, dirty = _git("rev-parse", "--short=12", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
   return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
           "dirty": dirty, "device": device_name(), "backend": Device.DEFAULT, "tinygrad": version("tinygrad")}
 

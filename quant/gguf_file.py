@@ -90,7 +90,8 @@ def _open(path: str) -> GGUFReader:
     with open(path, "rb") as f: magic = f.read(4)
   except OSError as e: raise GGUFError(f"{path}: {e.strerror}") from None
   if magic != b"GGUF": raise GGUFError(f"{path}: not a GGUF file ({f'starts with {magic!r}' if magic else 'empty'}, expected b'GGUF')")
-  try: return _CheckedReader(path)
+  # copy-on-write: the file is never changed, but the arrays are writable, which tinygrad's copy to a GPU asks of a host buffer
+  try: return _CheckedReader(path, "c")
   except GGUFError as e: raise GGUFError(f"{path}: {e}") from None
   except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError):
     raise GGUFError(f"{path}: truncated or corrupt GGUF header or metadata") from None
