@@ -98,7 +98,9 @@ def timed_replays(per_call: dict[UOp, list[list[float]]]):
     ctx = ExecContext(var_vals or {}, tuple(input_uops), update_stats=False, jit=jit, wait=True)
     times = []
     for call in linear.src:
-      dev = Device[call.src[1].device if isinstance(call.src[1].device, str) else call.src[1].device[0]]
+      # a graph batch with no outside inputs has no buffer sources: it runs on the default device
+      device = call.src[1].device if len(call.src) > 1 else Device.DEFAULT
+      dev = Device[device if isinstance(device, str) else device[0]]
       t0 = time.perf_counter()
       ets = pm_exec.rewrite(call, ctx) or []
       dev.synchronize()
