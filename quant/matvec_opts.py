@@ -70,7 +70,7 @@ def gpu_matvec_opts(k: Scheduler, threads: int, block: int, rows: int) -> list[O
   if axis is None or k.full_shape[axis] % (block * rows): return []
   first_reduce = k.full_shape[k.axes_of(AxisType.REDUCE)[0]]
   while threads > 1 and first_reduce % threads: threads //= 2
-  opts = ([Opt(OptOps.GROUP, 0, threads)] if threads > 1 else []) + [Opt(OptOps.LOCAL, axis, block), Opt(OptOps.UPCAST, axis, rows)]
+  opts = [Opt(op, ax, n) for op, ax, n in ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)) if n > 1]
   if len(k.axes_of(AxisType.REDUCE)) > 1 and k.unrollable_dims and k.full_shape[k.unrollable_dims[-1]] <= 32:
     opts.append(Opt(OptOps.UNROLL, len(k.unrollable_dims) - 1, 0))
   return opts
