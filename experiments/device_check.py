@@ -1,12 +1,18 @@
-"""Outputs on an accelerator against the CPU path, before anything is timed there: the same synthetic file on both,
-fresh random prompts, last-position logits within a relative error, greedy tokens identical, and the decode step
-replayed as graphs where the backend has them.
-`python -m experiments.device_check PRESET... [--device CUDA]` prints one line per prompt and exits 1 on a mismatch."""
+"""Outputs on an accelerator against the CPU path, before anything is timed there. The lent GPU machines have no
+compiler tinygrad's CPU backend can use, so the CPU side runs where one is: `--save` runs fresh random prompts through
+synthetic presets on the CPU and writes their last-position logits and greedy tokens; `--against` runs the same
+prompts on the accelerator (the presets are seeded, so the files are the same bytes there: their sha256 is checked)
+and compares: logits within a relative error, argmax and greedy tokens identical, decode replayed as graphs.
+  here:  python -m experiments.device_check --save ref.json llama3.2-1b-tiny gemma3-270m-tiny
+  there: python -m experiments.device_check --against ref.json      (exits 1 on a mismatch)"""
 import argparse
+import json
+import os
 import random
 import sys
 import numpy as np
 from tinygrad import Device
+from experiments.journal import file_sha256
 from experiments.kernels import replay_kernels
 from models.catalog import resolve_model
 from models.runtime import Runtime
@@ -32,36 +38,60 @@ def run(rt: Runtime, ids: list[int], greedy: int) -> tuple[np.ndarray, list[int]
   logits = rt.prefill(ids)
   return logits.numpy()[0].astype(np.float64), list(rt.continue_from(logits, len(ids), greedy, Sampler(SamplerParams(temperature=0))))
 
-def check(preset: str, device: str, prompts: int, prompt_len: int, greedy: int, rng: random.Random) -> bool:
-  path, ok = resolve_model(preset), True
-  ctx = prompt_len + greedy + 1
-  cpu, dev = Runtime(path, ctx, device="CPU", progress=False), Runtime(path, ctx, device=device, progress=False)
-  for _ in range(prompts):
-    ids = [rng.randrange(cpu.cfg.vocab_size) for _ in range(prompt_len)]
-    (want, want_tokens), (got, got_tokens) = run(cpu, ids, greedy), run(dev, ids, greedy)
+def runtime(preset: str, ctx: int, device: str) -> tuple[Runtime, str]:
+  path = resolve_model(preset)
+  return Runtime(path, ctx, device=device, progress=False), file_sha256(path)
+
+def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int) -> None:
+  seed = random.SystemRandom().randrange(1 << 31)
+  rng, cases = random.Random(seed), []
+  for preset in presets:
+    rt, sha = runtime(preset, prompt_len + greedy + 1, "CPU")
+    for _ in range(prompts):
+      ids = [rng.randrange(rt.cfg.vocab_size) for _ in range(prompt_len)]
+      logits, tokens = run(rt, ids, greedy)
+      cases.append({"preset": preset, "sha256": sha, "ids": ids, "logits": logits.tolist(), "greedy": tokens})
+  tmp = f"{out}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f: json.dump({"seed": seed, "device": "CPU", "cases": cases}, f)
+  os.replace(tmp, out)
+  print(f"wrote {len(cases)} CPU cases (prompt seed {seed}) to {out}")
+
+def against(ref_path: str, device: str) -> bool:
+  with open(ref_path) as f: ref = json.load(f)
+  ok, runtimes = True, {}
+  for case in ref["cases"]:
+    if case["preset"] not in runtimes: runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device)
+    rt, sha = runtimes[case["preset"]]
+    if sha != case["sha256"]:
+      raise SystemExit(f"{case['preset']}: the file made here differs from the reference's (sha256 {sha[:12]} against {case['sha256'][:12]})")
+    want = np.array(case["logits"])
+    got, tokens = run(rt, case["ids"], len(case["greedy"]))
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and got_tokens == want_tokens
+    good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and tokens == case["greedy"]
     ok &= good
-    print(f"{preset} on {device}: logits rel err {rel:.2e}, argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
-          f"{'identical' if got_tokens == want_tokens else f'{got_tokens} against {want_tokens}'}, "
-          f"{graph_batches(dev)} graph launches per decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): "
-          f"{'ok' if good else 'MISMATCH'}" % position_dependent(dev), flush=True)
+    greedy = "identical" if tokens == case["greedy"] else f"{tokens} against {case['greedy']}"
+    print(f"{case['preset']} on {device} against CPU: logits rel err {rel:.2e}, argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
+          f"{greedy}, {graph_batches(rt)} graph launches per "
+          "decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): " % position_dependent(rt)
+          + ("ok" if good else "MISMATCH"), flush=True)
   return ok
 
 def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("presets", nargs="+", help="synthetic presets (or GGUF files) to check")
-  p.add_argument("--device", default=Device.DEFAULT, help="the device checked against the CPU (default: tinygrad's default)")
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("presets", nargs="*", help="synthetic presets to save references of")
+  mode = p.add_mutually_exclusive_group(required=True)
+  mode.add_argument("--save", metavar="FILE", help="run the presets on the CPU and write the reference")
+  mode.add_argument("--against", metavar="FILE", help="run a reference's cases on --device and compare")
+  p.add_argument("--device", default=Device.DEFAULT, help="the device checked (default: tinygrad's default)")
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
-  p.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh, printed)")
   a = p.parse_args()
-  seed = random.SystemRandom().randrange(1 << 31) if a.seed is None else a.seed
-  print(f"prompt seed {seed}", flush=True)
-  rng = random.Random(seed)
-  results = [check(name, a.device, a.prompts, a.prompt_len, a.greedy, rng) for name in a.presets]
-  sys.exit(0 if all(results) else 1)
+  if a.save:
+    if not a.presets: p.error("--save needs presets")
+    save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy)
+  else: sys.exit(0 if against(a.against, a.device) else 1)
 
 if __name__ == "__main__":
   main()
