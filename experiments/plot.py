@@ -316,9 +316,20 @@ def save(fig: Figure, out: os.PathLike | str) -> Path:
     raise
   return out
 
-def plot(records: list[dict], kind: str, out: os.PathLike | str, experiment: str | None = None, model: str | None = None) -> Path:
-  """Draws `kind` (one of KINDS) from journal records and writes it to `out`; returns `out`. SVG text stays text (searchable)."""
+def on_device(records: list[dict], device: str) -> list[dict]:
+  """The records whose device names `device` (a case-insensitive part of it: "CUDA", "H100")."""
+  chosen = [r for r in records if isinstance(r, dict) and device.lower() in str(r.get("device", "")).lower()]
+  if not chosen:
+    known = ", ".join(sorted({str(r.get("device")) for r in records if isinstance(r, dict)}))
+    raise ValueError(f"no records on a device matching {device!r}; devices: {known}")
+  return chosen
+
+def plot(records: list[dict], kind: str, out: os.PathLike | str, experiment: str | None = None, model: str | None = None,
+         device: str | None = None) -> Path:
+  """Draws `kind` (one of KINDS) from journal records (those on `device`, when given) and writes it to `out`; returns `out`.
+  SVG text stays text (searchable)."""
   if Path(out).suffix[1:].lower() not in FORMATS:
     raise ValueError(f"cannot write {Path(out).name!r}: the suffix picks the format, one of {', '.join('.' + f for f in FORMATS)}")
+  if device is not None: records = on_device(records, device)
   with matplotlib.rc_context({"hatch.linewidth": 0.6}):
     return save(figure(records, kind, experiment, model), out)

@@ -92,7 +92,7 @@ def cmd_exp(args) -> None:
 def cmd_plot(args) -> None:
   from experiments import journal
   from experiments.plot import plot
-  out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model)
+  out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
 
 def cmd_synth(args) -> None:
@@ -241,6 +241,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--kind", choices=KINDS, default="kernels", help="which chart (default kernels)")
   s.add_argument("--experiment", help="only this experiment")
   s.add_argument("--model", help="only this model")
+  s.add_argument("--device", help="only records on a device whose name contains this (e.g. CUDA, H100)")
   s.add_argument("-o", "--output", required=True, help="the chart file: .png, .svg or .pdf")
   s.set_defaults(fn=cmd_plot)
 

@@ -56,3 +56,35 @@ def test_other_reduces_left_alone(row_upcast):
 @pytest.mark.parametrize("bad", [-8, 3, 12])
 def test_bad_setting(bad: int, row_upcast):
   with pytest.raises(ValueError, match="power of two"): row_upcast(bad)
+
+def cuda_renderer():
+  """tinygrad's CUDA renderer without its compiler (no nvrtc here): enough to optimize, linearize and read launch sizes."""
+  from tinygrad.codegen.opt import tc
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
+  r = CUDARenderer.__new__(CUDARenderer)
+  CStyleLanguage.__init__(r, Target(device="CUDA", renderer="CUDA", arch="sm_90", interface="CUDA"))
+  r.tensor_cores = tc.get_cuda("sm_90")
+  return r
+
+def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.uop.ops import Ops, ProgramInfo
+  ren = cuda_renderer()
+  (ast,) = [c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK]
+  info = ProgramInfo.from_sink(full_rewrite_to_sink(ast, ren), ren.target)
+  return tuple(info.global_size), tuple(info.local_size)
+
+@pytest.mark.parametrize("t,local", [(T.Q4_0, (16, 4, 1)), (T.Q8_0, (16, 8, 1))], ids=lambda v: getattr(v, "name", str(v)))
+def test_gpu_matvec_splits_each_row_over_threads(t: T, local: tuple, row_upcast, rng: np.random.Generator):
+  """On a GPU a packed-dot row's blocks go to 16 threads (GROUP) and a workgroup holds several rows; without the opts
+  tinygrad gives one thread 4 whole rows, whose loads never coalesce."""
+  rows, cols = 1024, 2048
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)))
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  global_size, local_size = cuda_launch(lin(x))
+  rows_per_thread = 4 if t == T.Q4_0 else 1
+  assert local_size == local and global_size == (rows // (local[1] * rows_per_thread), 1, 1)
+  row_upcast(0)
+  assert cuda_launch(lin(x + 0))[1] != local, "tinygrad's own heuristic does not group the rows"
