@@ -24,7 +24,7 @@ class KernelRow:
   name: str
   category: str
   block: str                # "blk.3", or "embed", "head", "sampler" outside the blocks
-  module: str               # what it reads that says what it is: "ffn_down", "attn_q+attn_k+attn_v", "k_cache"; "-" when nothing
+  module: str               # what it reads that says what it is: "ffn_down", "attn_q+attn_k+attn_v", "kv_cache"; "-" when nothing
   reads: tuple[str, ...]    # every labelled weight or cache it touches
   us: float | None          # median time, or its batch's average when `batched`
   batched: bool

@@ -37,8 +37,10 @@ class Attention:
     self.rounding = w.rounding
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device)
-    w.label(f"{prefix}.k_cache", "cache", self.cache.k)
-    w.label(f"{prefix}.v_cache", "cache", self.cache.v)
+    if self.cache.kv is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.kv)
+    else:
+      w.label(f"{prefix}.k_cache", "cache", self.cache.k)
+      w.label(f"{prefix}.v_cache", "cache", self.cache.v)
 
   def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
     B, T, _ = h.shape

@@ -20,14 +20,21 @@ def write_positions(buf: Tensor, x: Tensor, start_pos: sint) -> Tensor:
   return buf[..., :end, :]
 
 class KVCache:
-  """Per-layer key and value caches, k [B, Hkv, max_ctx, D] and v [B, Hkv, max_ctx, Dv], zero-initialised on the device."""
+  """Per-layer key and value caches, k [B, Hkv, max_ctx, D] and v [B, Hkv, max_ctx, Dv], zero-initialised on the device.
+  Where D == Dv they are the two halves of one buffer [2, B, Hkv, max_ctx, D], so a step writes both in one kernel."""
   def __init__(self, batch: int, kv_heads: int, max_ctx: int, head_dim: int, v_head_dim: int|None = None,
                dtype: DTypeLike = dtypes.float32, device: str|None = None):
-    self.k = Tensor.zeros(batch, kv_heads, max_ctx, head_dim, dtype=dtype, device=device).realize()
-    self.v = Tensor.zeros(batch, kv_heads, max_ctx, v_head_dim or head_dim, dtype=dtype, device=device).realize()
+    v_head_dim = v_head_dim or head_dim
+    self.kv = Tensor.zeros(2, batch, kv_heads, max_ctx, head_dim, dtype=dtype, device=device).realize() if v_head_dim == head_dim else None
+    if self.kv is not None: self.k, self.v = self.kv[0], self.kv[1]
+    else: self.k, self.v = (Tensor.zeros(batch, kv_heads, max_ctx, d, dtype=dtype, device=device).realize() for d in (head_dim, v_head_dim))
 
   def update(self, k: Tensor, v: Tensor, start_pos: sint) -> tuple[Tensor, Tensor]:
-    return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
+    if self.kv is None: return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
+    # k and v side by side on a new leading axis as one expression (padded and added: a cat would write each in a kernel)
+    both = k.unsqueeze(0).pad(((0, 1),) + ((0, 0),) * k.ndim) + v.unsqueeze(0).pad(((1, 0),) + ((0, 0),) * v.ndim)
+    kv = write_positions(self.kv, both, start_pos)
+    return kv[0], kv[1]
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None) -> Tensor:
@@ -48,6 +55,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1)
   if sink is not None: peak = peak.maximum(sink)
   e = (logits - peak).exp()
-  denom = e.sum(axis=-1, keepdim=True) + (0 if sink is None else (sink - peak).exp())
-  out = (e.cast(v.dtype) @ v.unsqueeze(2)) / denom
+  sink_term = 0 if sink is None else (sink - peak).exp()
+  vg = v.unsqueeze(2)
+  if v.dtype == dtypes.float32:
+    # the denominator as one more output column of the value matmul (v with a column of ones): one kernel, not two
+    ev = e @ vg.pad(((0, 0),) * (vg.ndim - 1) + ((0, 1),), value=1.0)
+    out = ev[..., :-1] / (ev[..., -1:] + sink_term)
+  else:   # a half cache (ggml rounding) meets e rounded to half, as llama.cpp does, while the denominator stays float32
+    out = (e.cast(v.dtype) @ vg) / (e.sum(axis=-1, keepdim=True) + sink_term)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

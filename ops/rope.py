@@ -60,7 +60,10 @@ def rope_tables(rot_dims: int, base: float, max_pos: int, yarn: Yarn|None = None
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
   half = cos.shape[-1]
   pair_axis = -1 if interleaved else -2
-  x1, x2 = x[..., :2*half].unflatten(-1, (half, 2) if interleaved else (2, half)).split(1, pair_axis)
+  pairs = x[..., :2*half].unflatten(-1, (half, 2) if interleaved else (2, half))
+  # (a, b) -> (a cos - b sin, b cos + a sin) as one expression over the pairs and their swap (a flip, a view): written as
+  # two halves joined by a cat, a rotated q that attention reads once per key is made in two kernels, one per half
+  sign = (Tensor.arange(2) * 2 - 1).reshape((1, 2) if interleaved else (2, 1))
   cos, sin = cos.unsqueeze(pair_axis), sin.unsqueeze(pair_axis)
-  rotated = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=pair_axis).flatten(-2).cast(x.dtype)
+  rotated = (pairs * cos + pairs.flip(pair_axis) * (sin * sign)).flatten(-2).cast(x.dtype)
   return rotated.cat(x[..., 2*half:], dim=-1) if 2*half < x.shape[-1] else rotated
