@@ -26,7 +26,7 @@ MOE_TINY = [n for n, p in synth.PRESETS.items() if n.endswith("-tiny") and (p.mo
 MOE_FULL = [n.removesuffix("-tiny") for n in MOE_TINY]
 NOISE, GREEDY = 0.3, 4                               # a greedy step whose top-two margin is under NOISE may part
 F16_REL, F16_TOP = 1e-2, 0.1                         # F16 files: relative error of all logits, top-20 difference
-TOLERANCE, MIN_OVERLAP, ARGMAX_MARGIN = 3.5, 14, 1.5  # quantized files (see check())
+TOLERANCE, MIN_OVERLAP, ARGMAX_MARGIN = 3.5, 14, 2.5  # quantized files (see check())
 
 # ---- shapes
 
@@ -133,7 +133,8 @@ def check(results: list[dict], where: str) -> None:
   own packed_dot and fused strategies, or its exact and ggml roundings, part that way on gpt-oss MXFP4), and random weights
   carry it to the logits. Measured over the fixtures (99 quantized prompts): argmax equal on 93, at most 3 of 9 per group
   differing and only where llama.cpp's margin was under 1.22; top-20 overlap >= 14; top-20 logits within 2.95; greedy agreeing
-  up to a near-tie on at least 7 of 9. F16: relative errors under 2e-3 and top-20 differences under 0.025."""
+  up to a near-tie on at least 7 of 9. A fresh seed (TINYZOO_TEST_SEED=2523495814) later parted at a margin of 1.81 (overlap 17,
+  top-20 within 1.19), at the commit before this bound's change too: the margin bound is 2.5. F16: relative errors under 2e-3 and top-20 differences under 0.025."""
   if "rel" in results[0]:
     for i, r in enumerate(results):
       assert r["argmax"] and r["greedy"] and r["rel"] < F16_REL and r["diff"] < F16_TOP, f"{where} prompt {i}: {r}"
