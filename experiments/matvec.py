@@ -30,7 +30,7 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
     for s in chosen:
       lin = QuantLinear(w, strategy=s)
       m = steady_state(lin, x, iters=iters)
-      read = lin.cache.nbytes() if lin.cache is not None else w.nbytes
+      read = sum(t.nbytes() for t in lin.device_tensors)
       print(f"{info.ggml_type.name:<6} {info.name:<22} {'x'.join(map(str, info.shape)):>13} {s:<14} {m.kernels:>7} {m.median_ms:>9.3f} "
             f"{read / m.median_ms / 1e6:>7.2f}", flush=True)
 
@@ -42,7 +42,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   lins = [QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy=strategy) for _ in range(copies)]
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)   # one kernel each, as in a model
-  read = sum(lin.cache.nbytes() if lin.cache is not None else lin.weight.nbytes for lin in lins)
+  read = sum(t.nbytes() for lin in lins for t in lin.device_tensors)
   gb_s, copy = read / m.median_ms / 1e6, copy_bandwidth()
   return {**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": {"strategy": strategy},
           "metrics": {"kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1), "copy_gb_s": round(copy, 1),

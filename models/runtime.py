@@ -12,6 +12,7 @@ from models.registry import builder_for
 from models.tokenizer import Tokenizer
 from models.weights import Weights
 from ops import cuda_graph
+from ops.host_io import DeviceSlot
 from ops.sampling import Sampler
 from quant.gguf_file import GGUFFile
 from quant.linear import StrategyPlan
@@ -55,10 +56,9 @@ class Runtime:
     self._prefill = TinyJit(self._forward)
     self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
     self._prefill_pos = UOp.variable("prefill_pos", 0, max(0, self.max_context - PREFILL_CHUNK))
+    self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, PREFILL_CHUNK), dtypes.int32, device)
 
   def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
-
-  def _tokens(self, ids: list[int]) -> Tensor: return Tensor([ids], dtype=dtypes.int32, device=self.device).realize()
 
   def check_fits(self, n_prompt: int, n_new: int = 0):
     if n_prompt + n_new > self.max_context:
@@ -71,7 +71,7 @@ class Runtime:
     self.check_fits(len(ids))
     pos, logits = 0, None
     while len(ids) - pos >= PREFILL_CHUNK:
-      logits = self._prefill(self._tokens(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
+      logits = self._prefill(self._prefill_tokens.write(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
       pos += PREFILL_CHUNK
     for i in range(pos, len(ids)): logits = self.decode(ids[i], i)
     assert logits is not None
@@ -79,7 +79,7 @@ class Runtime:
 
   def decode(self, token: int, pos: int) -> Tensor:
     """Logits [1, vocab] after feeding `token` at position `pos`."""
-    return self._decode(self._tokens([token]), self._decode_pos.bind(pos))
+    return self._decode(self._decode_token.write(token), self._decode_pos.bind(pos))
 
   def kernels_per_token(self, sampler: Sampler | None = None) -> int:
     """Kernels one decoded token replays: the decode JIT plus the sampler's, once both have captured."""

@@ -50,7 +50,7 @@ class Weights:
     weight = self._load(f"{name}.weight", (n_experts, out_features, in_features))
     bias = self._load(f"{name}.bias", (n_experts, out_features)).dequantize().realize() if self.has(f"{name}.bias") else None
     self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(name, weight.ggml_type), self.rounding))
-    self.label(name, "matmul", linear.cache if linear.cache is not None else weight.blocks)
+    for t in linear.device_tensors: self.label(name, "matmul", t)
     return linear
 
   def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":
@@ -70,7 +70,7 @@ class Weights:
   def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
     self.linears.append(linear := QuantLinear(w, bias, self.plan.for_weight(name, w.ggml_type), self.rounding))
-    self.label(name, "matmul", linear.cache if linear.cache is not None else w.blocks)
+    for t in linear.device_tensors: self.label(name, "matmul", t)
     return linear
 
   def vector(self, name: str, size: int) -> Tensor:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
+from ops.host_io import DeviceSlot, read_scalar
 
 _WAYS, _PASSES = 32, 7
 
@@ -73,6 +74,8 @@ class Sampler:
     self.params, self.rng = params, np.random.default_rng(seed)
     self.recent: collections.deque[int] = collections.deque(maxlen=params.repeat_last_n)
     self.jit = TinyJit(functools.partial(sample, params=params))
+    self._u: DeviceSlot | None = None
+    self._recent: DeviceSlot | None = None
 
   def accept(self, token: int):
     """Record a token (prompt or generated) for the repeat penalty."""
@@ -80,8 +83,10 @@ class Sampler:
 
   def __call__(self, logits: Tensor) -> int:
     n = self.params.repeat_last_n
-    recent = Tensor(list(self.recent) + [-1] * (n - len(self.recent)), dtype=dtypes.int32, device=logits.device) if n else None
-    u = Tensor(self.rng.random(1, dtype=np.float32), device=logits.device)
-    token = int(self.jit(logits.contiguous(), u, recent).item())
+    if self._u is None:
+      self._u = DeviceSlot((1,), dtypes.float32, logits.device)
+      self._recent = DeviceSlot((n,), dtypes.int32, logits.device) if n else None
+    recent = self._recent.write(list(self.recent) + [-1] * (n - len(self.recent))) if self._recent is not None else None
+    token = int(read_scalar(self.jit(logits.contiguous(), self._u.write(self.rng.random(1, dtype=np.float32)), recent)))
     self.accept(token)
     return token

@@ -2,6 +2,9 @@
 
 - packed_dot: reads the blocks inside the matmul; each part of a block (a nibble plane, ...) is multiplied with the
   matching slice of the activations and everything is summed in one reduce: for Q4_0, sum((nib-8)*x*scale).
+- packed_words: packed-dot over the same bits rearranged once at load (quant/words.py: fp16 fields apart, quants as
+  32-bit words) so a GPU thread reads a block's quants in one load; Q4_0, Q4_1 and Q8_0 only, other types read as
+  packed_dot. The GGUF blocks stay loaded as well.
 - fused: the full dequantize expression (nibbles interleaved back into logical order) inside the matmul.
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
 - split: the dequantize is made `.contiguous()` on every call, then a plain matmul: two kernels, the second a GEMV
@@ -13,8 +16,9 @@ from tinygrad import Tensor, dtypes
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
 from quant.qtensor import QTensor
+from quant.words import WordBlocks
 
-STRATEGIES = ("packed_dot", "fused", "dequant_cache", "split")
+STRATEGIES = ("packed_dot", "packed_words", "fused", "dequant_cache", "split")
 
 def _check_strategy(strategy: str) -> str:
   if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -66,10 +70,18 @@ class _PackedWeight:
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     self.weight, self.bias, self.strategy, self.rounding = weight, bias, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
+    self.words = WordBlocks.from_blocks(weight) if strategy == "packed_words" else None
+
+  @property
+  def device_tensors(self) -> list[Tensor]:
+    """What the matmul reads on the device."""
+    if self.cache is not None: return [self.cache]
+    return self.words.tensors if self.words is not None else [self.weight.blocks]
 
   def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
     x = round_activations(x, self.weight.ggml_type, self.rounding)
-    if self.strategy == "packed_dot": return packed_dot(self.weight.format, self.weight.blocks, x, sel)
+    if self.words is not None: return self.words.dot(x, sel)
+    if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)
     w = self.weight.dequantize() if self.cache is None else self.cache
     if sel is not None: w = w[sel]
     return dense_dot(w.contiguous() if self.strategy == "split" else w, x)

@@ -2,7 +2,7 @@
 
 GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduce (nibbles, scales, two reduce axes) gets
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
-Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec_opts` splits each row's blocks over
+Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row's blocks over
 threads (GROUP), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes
 of a block. TINYZOO_GPU_MATVEC="threads,block,rows" overrides the sizes (for searching them).
 
@@ -30,7 +30,20 @@ _row_upcast = 0
 # threads per row, rows per workgroup, rows per thread; the best of a sweep on an H100 (journal, 2026-11-22): blocks of 16 bytes
 # of quants (Q4_0) 16,4,4 at 231 GB/s; blocks of 32 (Q8_0) 16,8,1 at 277 GB/s, where 16,4,4 reached 99
 GPU_MATVEC_SMALL_BLOCKS, GPU_MATVEC_LARGE_BLOCKS = (16, 4, 4), (16, 8, 1)
-_gpu_override = tuple(int(v) for v in os.environ["TINYZOO_GPU_MATVEC"].split(",")) if os.environ.get("TINYZOO_GPU_MATVEC") else None
+
+def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
+  try: sizes = tuple(int(v) for v in spec.split(","))
+  except ValueError: sizes = ()
+  if len(sizes) != 3 or any(v < 1 for v in sizes):
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD, e.g. 16,4,4; got {spec!r}")
+  return sizes   # type: ignore[return-value]
+
+_gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
+
+def use_gpu_sizes(sizes: tuple[int, int, int] | None) -> None:
+  """Every GPU matvec kernel compiled from now on uses these sizes (None: the defaults per block width)."""
+  global _gpu_override
+  _gpu_override = sizes
 
 def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
   """Upcast the output rows of CPU matvec kernels by `rows` (0: leave every kernel to tinygrad's heuristic)."""
@@ -65,28 +78,38 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   if threads > 1: opts.append(Opt(OptOps.THREAD, axis, threads))
   return opts
 
-def gpu_matvec_opts(k: Scheduler, threads: int, block: int, rows: int) -> list[Opt]:
+def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler | None:
   """GROUP the first reduce axis (the blocks) over up to `threads` threads, LOCAL `block` rows, UPCAST `rows` rows per thread,
-  and unroll a short innermost reduce (the bytes of a block)."""
+  then unroll the reduce axes inside a block (bytes, words, nibble planes), innermost first, up to 32 elements; None if
+  the kernel is no matvec. Raises KernelOptError where tinygrad refuses an opt."""
   axis = matvec_row_axis(k)
-  if axis is None or k.full_shape[axis] % (block * rows): return []
-  first_reduce = k.full_shape[k.axes_of(AxisType.REDUCE)[0]]
-  while threads > 1 and first_reduce % threads: threads //= 2
-  opts = [Opt(op, ax, n) for op, ax, n in ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)) if n > 1]
-  if len(k.axes_of(AxisType.REDUCE)) > 1 and k.unrollable_dims and k.full_shape[k.unrollable_dims[-1]] <= 32:
-    opts.append(Opt(OptOps.UNROLL, len(k.unrollable_dims) - 1, 0))
-  return opts
+  if axis is None or k.full_shape[axis] % (block * rows): return None
+  reduces = k.axes_of(AxisType.REDUCE)
+  inner = [k.rngs[a] for a in reduces[1:]]
+  while threads > 1 and k.full_shape[reduces[0]] % threads: threads //= 2
+  tuned = k.copy()
+  for op, ax, n in ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
+    if n > 1: tuned.apply_opt(Opt(op, ax, n))
+  unrolled = 1
+  for r in reversed(inner):
+    a = tuned.rngs.index(r)
+    if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
+    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
+    unrolled *= n
+  return tuned
 
 def gpu_matvec_sizes(k: Scheduler) -> tuple[int, int, int]:
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   inner = k.full_shape[k.unrollable_dims[-1]] if k.unrollable_dims else 0
   return GPU_MATVEC_LARGE_BLOCKS if isinstance(inner, int) and inner >= 32 else GPU_MATVEC_SMALL_BLOCKS
 
-def _optimize(k: Scheduler) -> Scheduler:
-  opts = gpu_matvec_opts(k, *gpu_matvec_sizes(k)) if k.ren.has_local else matvec_opts(k, _row_upcast)
-  if not opts: return _tinygrad_heuristic(k)
+def _cpu_matvec(k: Scheduler) -> Scheduler | None:
+  if not (opts := matvec_opts(k, _row_upcast)): return None
   tuned = k.copy()
-  try:
-    for opt in opts: tuned.apply_opt(opt)
-  except KernelOptError: return _tinygrad_heuristic(k)
+  for opt in opts: tuned.apply_opt(opt)
   return tuned
+
+def _optimize(k: Scheduler) -> Scheduler:
+  try: tuned = gpu_matvec(k, *gpu_matvec_sizes(k)) if k.ren.has_local else _cpu_matvec(k)
+  except KernelOptError: tuned = None
+  return tuned if tuned is not None else _tinygrad_heuristic(k)

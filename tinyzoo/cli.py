@@ -28,14 +28,20 @@ def cmd_matvec(args) -> None:
   except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {args.shape!r}") from None
   if rows < 1 or cols < 1 or args.copies < 1: raise ValueError("--shape sizes and --copies must be positive")
   from experiments import journal
-  from quant.matvec_opts import use_row_upcast
+  from quant.matvec_opts import parse_gpu_sizes, use_gpu_sizes, use_row_upcast
+  from tinygrad.codegen import to_program_cache
   use_row_upcast(args.row_upcast)
-  for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
-    record = gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters)
-    if not args.no_journal: journal.append(record)
-    m = record["metrics"]
-    print(f"{record['model']} {strategy}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
-          f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
+  sweep = [parse_gpu_sizes(s) for s in args.gpu_sizes.split()] if args.gpu_sizes else [None]
+  for sizes in sweep:
+    use_gpu_sizes(sizes)
+    to_program_cache.clear()   # the same kernel graph under new sizes must compile again
+    for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
+      record = gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters)
+      if sizes: record["switches"]["gpu_matvec"] = ",".join(map(str, sizes))
+      if not args.no_journal: journal.append(record)
+      m, label = record["metrics"], f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
+      print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
+            f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
 
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
@@ -149,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--shape", metavar="ROWSxCOLS", help="instead of a model: random weights of this shape, timed against a device copy and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
   s.add_argument("--copies", type=int, default=8, help="--shape weights read in turn, so that together they outgrow the caches (default 8)")
+  s.add_argument("--gpu-sizes", metavar="'T,B,R ...'", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
+                 "workgroup, rows per thread), one journal record each (default: the built-in sizes per block width)")
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
   add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)
