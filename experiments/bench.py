@@ -38,6 +38,7 @@ class BenchConfig:
   beam: int = 0                     # tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)
   jit_batch_size: int = 32          # kernels per graph batch on backends with graphs (tinygrad's JIT_BATCH_SIZE)
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
+  profile: bool = True              # apply this device's profile (GPU matvec sizes tuned per kernel shape) if it has one
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)
@@ -45,7 +46,8 @@ class BenchConfig:
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
-            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant}
+            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
+            "profile": self.profile}
 
   def describe(self) -> str: return changed_switches(self.switches())
 
@@ -55,7 +57,7 @@ class BenchConfig:
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk)
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""
@@ -108,7 +110,8 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
-            "switches": cfg.switches(), "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
+            "switches": cfg.switches(), "profile_file": rt.profile.name if rt.profile else None,
+            "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},

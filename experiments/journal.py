@@ -4,30 +4,19 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 from tinygrad import Device
 from models.catalog import cache_dir
+from profiles.device import device_name
 
 JOURNAL = Path(__file__).with_name("journal.jsonl")
 
 def _git(*args: str) -> str:
   try: return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10).stdout.strip()
   except OSError: return ""
-
-def device_name() -> str:
-  """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ...' or 'CUDA: NVIDIA H100 80GB HBM3'."""
-  dev = Device.DEFAULT
-  if dev in ("CUDA", "NV"):
-    try: return f"{dev}: " + subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                                            timeout=20).stdout.splitlines()[0].strip()
-    except (OSError, IndexError): return dev
-  cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.machine()) \
-    if Path("/proc/cpuinfo").exists() else platform.machine()
-  return f"{dev}: {cpu}, {os.cpu_count()} cores"
 
 def file_sha256(path: os.PathLike) -> str:
   """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""

@@ -11,7 +11,8 @@ from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
-from quant.matvec_opts import use_row_upcast
+from tinygrad.codegen import to_program_cache
+from quant.matvec_opts import compiled_shapes, forced_gpu_sizes, use_row_upcast
 from experiments.steady import steady_state
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
@@ -34,16 +35,27 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
       print(f"{info.ggml_type.name:<6} {info.name:<22} {'x'.join(map(str, info.shape)):>13} {s:<14} {m.kernels:>7} {m.median_ms:>9.3f} "
             f"{read / m.median_ms / 1e6:>7.2f}", flush=True)
 
-def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int = 8, iters: int = 50) -> dict:
+SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if t * b <= 512]
+
+def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int = 8, iters: int = 50,
+                   sweep: list[tuple[int, int, int] | None] | None = None) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (together larger than the caches, so the replays read
-  memory), in JIT steady state, against a device copy measured in the same run. Returns a journal record."""
+  memory), in JIT steady state, against a device copy measured in the same run: one journal record per GPU matvec size
+  in `sweep` (None: the sizes the kernels get by default), each naming the kernel shape it timed."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
   lins = [QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy=strategy) for _ in range(copies)]
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
-  m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)   # one kernel each, as in a model
-  read = sum(t.nbytes() for lin in lins for t in lin.device_tensors)
-  gb_s, copy = read / m.median_ms / 1e6, copy_bandwidth()
-  return {**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": {"strategy": strategy},
-          "metrics": {"kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1), "copy_gb_s": round(copy, 1),
-                      "fraction_of_copy": round(gb_s / copy, 3)}}
+  read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
+  for sizes in sweep or [None]:
+    to_program_cache.clear()   # the same kernel graph under new sizes must compile again
+    compiled_shapes.clear()
+    with forced_gpu_sizes(sizes):   # one kernel per weight, as in a model
+      m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)
+    gb_s = read / m.median_ms / 1e6
+    switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {})}
+    records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
+                    "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
+                    "metrics": {"kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1),
+                                "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3)}})
+  return records

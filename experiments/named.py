@@ -12,7 +12,7 @@ from experiments.bench import BenchConfig, bench
 DEFS = Path(__file__).with_name("defs")
 # switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
 SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "row_upcast": int, "skip": list, "topk": str, "beam": int,
-            "jit_batch_size": int, "requant": str}
+            "jit_batch_size": int, "requant": str, "profile": bool}
 BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
 
 class ExperimentError(ValueError): pass
@@ -73,7 +73,7 @@ def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str
   sw = variant.switches
   fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "row_upcast": sw.get("row_upcast"),
             "skip": tuple(sw["skip"]) if "skip" in sw else None, "beam": sw.get("beam"), "jit_batch_size": sw.get("jit_batch_size"),
-            "requant": sw.get("requant"), "topk": sw.get("topk")}
+            "requant": sw.get("requant"), "topk": sw.get("topk"), "profile": sw.get("profile")}
   return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **{k: v for k, v in fields.items() if v is not None})
 
 def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),

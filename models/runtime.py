@@ -16,7 +16,8 @@ from ops.host_io import DeviceSlot
 from ops.sampling import Sampler
 from quant.gguf_file import GGUFFile
 from quant.linear import StrategyPlan
-from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast
+from profiles.device import use_device_profile
+from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast, use_tuned_sizes
 
 cuda_graph.install()
 
@@ -41,8 +42,9 @@ class Timing:
 class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
                fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
-               skip: tuple[str, ...] = (), topk: str = "pairwise"):
+               skip: tuple[str, ...] = (), topk: str = "pairwise", profile: bool = True):
     use_row_upcast(row_upcast)
+    self.profile = use_device_profile() if profile else use_tuned_sizes({})   # the profile's path, or None
     self.gguf = GGUFFile(path)
     build = builder_for(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)

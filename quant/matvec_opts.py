@@ -4,7 +4,9 @@ GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduc
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
 Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row's blocks over
 threads (GROUP), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes
-of a block. TINYZOO_GPU_MATVEC="threads,block,rows" overrides the sizes (for searching them).
+of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows" or `forced_gpu_sizes` (one size for every
+kernel, for sweeps), the sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the
+built-in rule.
 
 CPUs: tinygrad's heuristic leaves matvecs scalar and serial.
 
@@ -16,6 +18,7 @@ tinygrad has no per-kernel hook for this, so `use_row_upcast` wraps its heuristi
 cached by their graph, so the setting is chosen once per process, before the first kernel is compiled; and compiles
 stay in this process (tinygrad's compile workers are spawned fresh and would not see the wrapper).
 """
+import contextlib
 import os
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt import heuristic
@@ -39,11 +42,25 @@ def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
   return sizes   # type: ignore[return-value]
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
+_tuned: dict[str, tuple[int, int, int]] = {}
+compiled_shapes: list[str] = []   # the kernel shape of every GPU matvec given sizes, in order (a sweep reads which it timed)
 
-def use_gpu_sizes(sizes: tuple[int, int, int] | None) -> None:
-  """Every GPU matvec kernel compiled from now on uses these sizes (None: the defaults per block width)."""
+@contextlib.contextmanager
+def forced_gpu_sizes(sizes: tuple[int, int, int] | None):
+  """Every GPU matvec kernel compiled inside uses these sizes (None: the sizes it would get anyway)."""
   global _gpu_override
-  _gpu_override = sizes
+  before, _gpu_override = _gpu_override, sizes or _gpu_override
+  try: yield
+  finally: _gpu_override = before
+
+def use_tuned_sizes(table: dict[str, tuple[int, int, int]]) -> None:
+  """Sizes per kernel shape (`kernel_shape`) for GPU matvecs compiled from now on; shapes not in it get the built-in rule."""
+  _tuned.clear()
+  _tuned.update(table)
+
+def kernel_shape(k: Scheduler) -> str:
+  """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x256x4x4x2'."""
+  return "x".join(str(s) for s in k.full_shape)
 
 def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
   """Upcast the output rows of CPU matvec kernels by `rows` (0: leave every kernel to tinygrad's heuristic)."""
@@ -99,7 +116,9 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler |
   return tuned
 
 def gpu_matvec_sizes(k: Scheduler) -> tuple[int, int, int]:
+  compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
+  if shape in _tuned: return _tuned[shape]
   inner = k.full_shape[k.unrollable_dims[-1]] if k.unrollable_dims else 0
   return GPU_MATVEC_LARGE_BLOCKS if isinstance(inner, int) and inner >= 32 else GPU_MATVEC_SMALL_BLOCKS
 
@@ -110,6 +129,8 @@ def _cpu_matvec(k: Scheduler) -> Scheduler | None:
   return tuned
 
 def _optimize(k: Scheduler) -> Scheduler:
-  try: tuned = gpu_matvec(k, *gpu_matvec_sizes(k)) if k.ren.has_local else _cpu_matvec(k)
+  try:
+    if not k.ren.has_local: tuned = _cpu_matvec(k)
+    else: tuned = gpu_matvec(k, *gpu_matvec_sizes(k)) if matvec_row_axis(k) is not None else None
   except KernelOptError: tuned = None
   return tuned if tuned is not None else _tinygrad_heuristic(k)

@@ -21,27 +21,42 @@ def cmd_info(args) -> None:
   print(describe(GGUFFile(resolve_model(args.model))))
 
 def cmd_matvec(args) -> None:
-  from experiments.matvec import bench_model, gemv_bandwidth
+  from experiments.matvec import SIZE_GRID, bench_model, gemv_bandwidth
   if args.shape is None: return bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch, args.row_upcast)
   if args.model is not None: raise ValueError("give a model or --shape, not both")
-  try: rows, cols = (int(v) for v in args.shape.lower().split("x"))
-  except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {args.shape!r}") from None
-  if rows < 1 or cols < 1 or args.copies < 1: raise ValueError("--shape sizes and --copies must be positive")
+  shapes = [parse_shape(v) for v in args.shape.split()]
+  if args.copies < 1: raise ValueError("--copies must be positive")
+  import time
   from experiments import journal
-  from quant.matvec_opts import parse_gpu_sizes, use_gpu_sizes, use_row_upcast
-  from tinygrad.codegen import to_program_cache
+  from profiles.device import device_name, profile_path, save_matvec_sizes, use_device_profile
+  from quant.matvec_opts import parse_gpu_sizes, use_row_upcast
   use_row_upcast(args.row_upcast)
-  sweep = [parse_gpu_sizes(s) for s in args.gpu_sizes.split()] if args.gpu_sizes else [None]
-  for sizes in sweep:
-    use_gpu_sizes(sizes)
-    to_program_cache.clear()   # the same kernel graph under new sizes must compile again
+  use_device_profile()
+  sweep = SIZE_GRID if args.gpu_sizes == "grid" else [parse_gpu_sizes(s) for s in args.gpu_sizes.split()] if args.gpu_sizes else [None]
+  if args.save_best and sweep == [None]: raise ValueError("--save-best needs --gpu-sizes to search")
+  best: dict[str, tuple[tuple[int, int, int], float]] = {}
+  t0 = time.perf_counter()
+  for rows, cols in shapes:
     for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
-      record = gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters)
-      if sizes: record["switches"]["gpu_matvec"] = ",".join(map(str, sizes))
-      if not args.no_journal: journal.append(record)
-      m, label = record["metrics"], f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
-      print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
-            f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
+      for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sweep), sweep):
+        if not args.no_journal: journal.append(record)
+        m, shape = record["metrics"], record["kernel_shape"]
+        if sizes and shape and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
+        label = f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
+        print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
+              f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
+  if len(sweep) > 1:
+    for shape, (sizes, gb_s) in best.items(): print(f"kernel {shape}: best sizes {','.join(map(str, sizes))} at {gb_s} GB/s")
+    print(f"search cost: {time.perf_counter() - t0:.0f} s for {len(sweep)} sizes")
+  if args.save_best:
+    save_matvec_sizes(path := profile_path(name := device_name()), name, best)
+    print(f"saved {len(best)} kernel shapes to {path}")
+
+def parse_shape(spec: str) -> tuple[int, int]:
+  try: rows, cols = (int(v) for v in spec.lower().split("x"))
+  except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {spec!r}") from None
+  if rows < 1 or cols < 1: raise ValueError(f"--shape sizes must be positive, got {spec!r}")
+  return rows, cols
 
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
@@ -58,9 +73,11 @@ def bench_config(args):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   StrategyPlan.parse(args.strategy)
-  return BenchConfig(args.prompt_tokens, getattr(args, "tokens", 1), args.warmup, args.ctx, args.strategy, args.rounding, not args.no_fuse,
-                     args.row_upcast, tuple(args.skip), args.topk, args.beam, args.jit_batch_size, args.requant, getattr(args, "bandwidth", None),
-                     not getattr(args, "no_peer", True), getattr(args, "llama_bench", None), getattr(args, "tinygrad_src", None))
+  return BenchConfig(prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup, ctx=args.ctx, strategy=args.strategy,
+                     rounding=args.rounding, fuse=not args.no_fuse, row_upcast=args.row_upcast, skip=tuple(args.skip), topk=args.topk, beam=args.beam,
+                     jit_batch_size=args.jit_batch_size, requant=args.requant, profile=not args.no_profile,
+                     bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
+                     llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
 
 def cmd_bench(args) -> None:
   from experiments import journal
@@ -120,6 +137,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
                  help="how MoE routing picks its experts: pairwise (rank comparisons, 3 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
+  s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): GPU matvecs get the "
+                 "built-in sizes instead of the ones tuned per kernel shape")
   add_row_upcast_option(s)
 
 def add_bench_options(s: argparse.ArgumentParser) -> None:
@@ -152,11 +171,14 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--strategies", default="packed_dot,fused,dequant_cache", help="comma-separated strategies (default: all)")
   s.add_argument("--iters", type=int, default=20, help="timed calls after warm-up (default 20)")
   s.add_argument("--batch", type=int, default=1, help="activation rows: 1 is a matvec (default 1)")
-  s.add_argument("--shape", metavar="ROWSxCOLS", help="instead of a model: random weights of this shape, timed against a device copy and journaled")
+  s.add_argument("--shape", metavar="'ROWSxCOLS ...'", help="instead of a model: random weights of these shapes, timed against a device copy "
+                 "and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
   s.add_argument("--copies", type=int, default=8, help="--shape weights read in turn, so that together they outgrow the caches (default 8)")
-  s.add_argument("--gpu-sizes", metavar="'T,B,R ...'", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
-                 "workgroup, rows per thread), one journal record each (default: the built-in sizes per block width)")
+  s.add_argument("--gpu-sizes", metavar="'T,B,R ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
+                 "workgroup, rows per thread) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
+  s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
+                 "(profiles/<device>.yaml), which bench, run and matvec then use")
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
   add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)

@@ -49,7 +49,7 @@ def test_device_check_compares_against_a_saved_cpu_reference(tmp_path: Path, cap
   assert "MISMATCH" in capsys.readouterr().out
 
 def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
-  r = gemv_bandwidth("Q4_0", 64, 256, copies=3, iters=2)
+  (r,) = gemv_bandwidth("Q4_0", 64, 256, copies=3, iters=2)
   m = r["metrics"]
   assert r["kind"] == "gemv" and r["model"] == "gemv Q4_0 64x256" and m["kernels"] == 3
   assert m["bytes"] == 3 * 64 * (256 // 32) * 18

@@ -9,6 +9,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import PARALLEL
 from experiments.kernels import jit_programs
 from quant import matvec_opts
+from quant.matvec_opts import compiled_shapes, forced_gpu_sizes, use_tuned_sizes
 from quant.linear import QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -88,3 +89,19 @@ def test_gpu_matvec_splits_each_row_over_threads(t: T, local: tuple, row_upcast,
   assert local_size == local and global_size == (rows // (local[1] * rows_per_thread), 1, 1)
   row_upcast(0)
   assert cuda_launch(lin(x + 0))[1] != local, "tinygrad's own heuristic does not group the rows"
+
+def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.Generator):
+  """A tuned table gives its kernel shape its own sizes; forced sizes (a sweep) win over it; other shapes keep the rule."""
+  rows, cols = 1024, 2048
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)))
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  compiled_shapes.clear()
+  assert cuda_launch(lin(x))[1] == (16, 4, 1) and len(compiled_shapes) == 1
+  try:
+    use_tuned_sizes({compiled_shapes[0]: (32, 2, 2)})
+    assert cuda_launch(lin(x * 1))[1] == (32, 2, 1)
+    with forced_gpu_sizes((8, 8, 1)): assert cuda_launch(lin(x * 2))[1] == (8, 8, 1)
+    use_tuned_sizes({"1x2x3": (32, 2, 2)})
+    assert cuda_launch(lin(x * 3))[1] == (16, 4, 1)
+  finally: use_tuned_sizes({})

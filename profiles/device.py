@@ -1,0 +1,81 @@
+"""Device profiles: what was tuned on one device, in `profiles/<backend>-<device>.yaml`, found by the device's name.
+
+Today a profile holds the GPU matvec sizes found fastest per kernel shape (`tinyzoo matvec --shape ... --gpu-sizes grid
+--save-best`), with the GB/s each reached:
+
+  device: 'CUDA: NVIDIA H100 80GB HBM3'
+  matvec_sizes:
+    2048x256x4x4x2: {sizes: '64,2,2', gb_s: 355.1}
+"""
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+import yaml
+from tinygrad import Device
+from quant.matvec_opts import parse_gpu_sizes, use_tuned_sizes
+
+PROFILES = Path(__file__).parent
+
+class ProfileError(ValueError): pass
+
+def device_name() -> str:
+  """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ...' or 'CUDA: NVIDIA H100 80GB HBM3'."""
+  dev = Device.DEFAULT
+  if dev in ("CUDA", "NV"):
+    try: return f"{dev}: " + subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                                            timeout=20).stdout.splitlines()[0].strip()
+    except (OSError, IndexError): return dev
+  cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.machine()) \
+    if Path("/proc/cpuinfo").exists() else platform.machine()
+  return f"{dev}: {cpu}, {os.cpu_count()} cores"
+
+def profile_path(device: str, folder: Path = PROFILES) -> Path:
+  """'CUDA: NVIDIA H100 80GB HBM3' -> profiles/cuda-nvidia-h100-80gb-hbm3.yaml (the core count of a CPU name is left out)."""
+  name = re.sub(r",\s*\d+ cores$", "", device)
+  return folder / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".yaml")
+
+def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
+  return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
+
+def load(path: Path) -> dict:
+  """A profile's contents, validated: {'device': str, 'matvec_sizes': {shape: {'sizes': (T, B, R), 'gb_s': float}}}."""
+  try: root = yaml.compose(path.read_text())
+  except yaml.YAMLError as e:
+    line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
+    raise ProfileError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+  if root is None: return {"device": None, "matvec_sizes": {}}
+  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, matvec_sizes)")
+  out: dict = {"device": None, "matvec_sizes": {}}
+  for key, value in root.value:
+    if key.value == "device": out["device"] = value.value
+    elif key.value == "matvec_sizes":
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R', gb_s: N}")
+      for shape, entry in value.value:
+        if not re.fullmatch(r"\d+(x\d+)*", shape.value): raise _fail(path, shape, f"{shape.value!r} is no kernel shape (like 2048x256x4x4x2)")
+        fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
+        try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
+        except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None
+    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, matvec_sizes)")
+  return out
+
+def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[tuple[int, int, int], float]]) -> None:
+  """Merges {shape: (sizes, gb_s)} into the profile at `path` (a shape measured again is replaced), written atomically."""
+  table = load(path)["matvec_sizes"] if path.exists() else {}
+  table.update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
+  entries = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(table.items())}
+  doc = {"device": device, "matvec_sizes": entries}
+  tmp = path.with_suffix(f".{os.getpid()}.tmp")
+  tmp.write_text("# written by `tinyzoo matvec --save-best`: GPU matvec sizes (threads per row, rows per workgroup, rows per thread)\n"
+                 "# found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
+  os.replace(tmp, path)
+
+def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Path | None:
+  """Applies the profile of this device (its tuned matvec sizes) if there is one; returns its path, or None."""
+  path = profile_path(device or device_name(), folder)
+  if not path.exists():
+    use_tuned_sizes({})
+    return None
+  use_tuned_sizes({shape: e["sizes"] for shape, e in load(path)["matvec_sizes"].items()})
+  return path

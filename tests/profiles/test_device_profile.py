@@ -1,0 +1,39 @@
+"""Device profiles: found by the device's name, merged and written whole, validated with the file and line of a mistake."""
+from pathlib import Path
+import pytest
+from profiles.device import ProfileError, load, profile_path, save_matvec_sizes, use_device_profile
+from quant import matvec_opts
+
+H100 = "CUDA: NVIDIA H100 80GB HBM3"
+
+def test_path_from_the_device_name(tmp_path: Path):
+  assert profile_path(H100, tmp_path) == tmp_path / "cuda-nvidia-h100-80gb-hbm3.yaml"
+  assert profile_path("CPU: Intel(R) Xeon(R) Platinum 8488C, 2 cores", tmp_path).name == "cpu-intel-r-xeon-r-platinum-8488c.yaml"
+
+def test_save_merges_and_use_applies(tmp_path: Path):
+  path = profile_path(H100, tmp_path)
+  save_matvec_sizes(path, H100, {"2048x256x4x4x2": ((64, 2, 2), 355.12), "8192x64x4x4x2": ((16, 4, 4), 272.0)})
+  save_matvec_sizes(path, H100, {"8192x64x4x4x2": ((32, 4, 2), 301.5)})
+  assert [p.name for p in tmp_path.iterdir()] == [path.name]   # no temporary file left
+  got = load(path)
+  assert got["device"] == H100
+  assert got["matvec_sizes"] == {"2048x256x4x4x2": {"sizes": (64, 2, 2), "gb_s": 355.1}, "8192x64x4x4x2": {"sizes": (32, 4, 2), "gb_s": 301.5}}
+  try:
+    assert use_device_profile(H100, tmp_path) == path
+    assert matvec_opts._tuned == {"2048x256x4x4x2": (64, 2, 2), "8192x64x4x4x2": (32, 4, 2)}
+    assert use_device_profile("CUDA: another GPU", tmp_path) is None and matvec_opts._tuned == {}
+  finally: matvec_opts.use_tuned_sizes({})
+
+@pytest.mark.parametrize("text,error", [
+  ("device: x\nmatvec_sizes:\n  2048x256: {sizes: '64,2', gb_s: 1}\n", ":3: 2048x256: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"),
+  ("device: x\nhints: {}\n", ":2: unknown key 'hints'"),
+  ("device: x\nmatvec_sizes:\n  q4_0: {sizes: '1,1,1'}\n", ":3: 'q4_0' is no kernel shape"),
+  ("device: x\nmatvec_sizes: [1, 2]\n", ":2: matvec_sizes maps kernel shapes"),
+  ("device: [x\n", ":2: not valid YAML"),
+  ("- a\n- b\n", ":1: a profile is a mapping"),
+])
+def test_bad_profiles_name_the_file_and_line(tmp_path: Path, text: str, error: str):
+  path = tmp_path / "p.yaml"
+  path.write_text(text)
+  with pytest.raises(ProfileError) as e: load(path)
+  assert str(e.value).startswith(f"{path}{error}"), str(e.value)
