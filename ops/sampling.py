@@ -19,6 +19,7 @@ logits lie within range / _WAYS**_PASSES of each other (then the lower one is ke
 """
 import collections
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
@@ -47,6 +48,14 @@ def penalize(logits: Tensor, recent: Tensor, penalty: float) -> Tensor:
   seen = (recent.unsqueeze(-1) == Tensor.arange(logits.shape[-1])).any(axis=0)
   return seen.where((logits > 0).where(logits / penalty, logits * penalty), logits)
 
+def first_argmax(x: Tensor, groups: int = 512) -> Tensor:
+  """Index of the first maximum of x [V] as an int32 scalar, in two kernels (group maxima, then the lowest index equal
+  to their max) where Tensor.argmax takes three; the groups keep the first kernel wide enough to fill a GPU."""
+  n = math.ceil(x.shape[-1] / groups)
+  tiles = x.pad((0, groups * n - x.shape[-1]), value=-float("inf")).reshape(groups, n)
+  top = tiles.max(-1).max()
+  return (tiles == top).where(Tensor.arange(groups * n).reshape(groups, n), groups * n).min(-1).min().cast(dtypes.int32)
+
 def _raise_floor(logits: Tensor, floor: Tensor, enough: Callable[[Tensor], Tensor]) -> Tensor:
   """The highest threshold t >= floor where enough(logits >= t) holds (floor itself if none); enough maps masks [M, V] to [M]."""
   width = logits.max() + 1 - floor
@@ -60,7 +69,7 @@ def sample(logits: Tensor, u: Tensor, recent: Tensor|None, params: SamplerParams
   """logits [V], u [1] uniform in [0, 1), recent [n] int32 or None -> token id, an int32 scalar."""
   logits = logits.cast(dtypes.float32)
   if recent is not None and params.repeat_penalty != 1: logits = penalize(logits, recent, params.repeat_penalty)
-  if params.temperature == 0: return logits.argmax()
+  if params.temperature == 0: return first_argmax(logits)
   floor = logits.isinf().where(float("inf"), logits).min()  # banned (-inf) tokens must not stretch the search range
   if 0 < params.top_k < logits.shape[-1]: floor = _raise_floor(logits, floor, lambda keep: keep.sum(axis=-1) >= params.top_k)
   if params.top_p < 1:

@@ -2,7 +2,7 @@ import functools
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
-from ops.sampling import Sampler, SamplerParams, penalize, sample
+from ops.sampling import Sampler, SamplerParams, first_argmax, penalize, sample
 
 V = 64
 FULL = SamplerParams(temperature=0.8, top_k=12, top_p=0.9, repeat_penalty=1.3, repeat_last_n=8)
@@ -36,6 +36,15 @@ def test_greedy_is_argmax(seed, rng):
   for _ in range(3):
     logits = rng.normal(size=V).astype(np.float32)
     assert sampler(Tensor(logits)) == np.argmax(logits), f"seed={seed}"
+
+@pytest.mark.parametrize("size", [1, 511, 4099])
+def test_first_argmax_takes_the_lowest_tied_index(seed, rng, size):
+  x = rng.normal(size=size).astype(np.float32)
+  tied = rng.choice(size, size=min(3, size), replace=False)
+  x[tied] = x.max() + 1
+  assert first_argmax(Tensor(x)).item() == np.argmax(x) == tied.min(), f"seed={seed}"
+  x[:] = -np.inf
+  assert first_argmax(Tensor(x)).item() == 0, f"seed={seed}"
 
 @pytest.mark.parametrize("params", [SamplerParams(temperature=1.5, top_k=1, top_p=1.0), SamplerParams(temperature=1.5, top_k=0, top_p=1e-6)],
                          ids=["top_k=1", "top_p=1e-6"])
