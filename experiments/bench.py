@@ -21,7 +21,7 @@ from ops.topk import topk_by_name
 from quant.linear import StrategyPlan
 from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
-from quant.matvec_opts import DEFAULT_ROW_UPCAST
+from quant.matvec_opts import DEFAULT_ROW_UPCAST, compiled_shapes, untuned_matvec_shapes
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -86,6 +86,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   # kernels compiled by an earlier run in this process would be reused for the same AST, whatever this run's codegen
   # switches (row upcast, BEAM) ask for: start from an empty cache, which also makes compile_s a real compile
   to_program_cache.clear()
+  compiled_shapes.clear()
   t0 = time.perf_counter()
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0
@@ -111,6 +112,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
             "switches": cfg.switches(), "profile_file": rt.profile.name if rt.profile else None,
+            "matvec_shapes": {"gpu_compiled": len(set(compiled_shapes)), "untuned": untuned_matvec_shapes()},
             "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),

@@ -2,6 +2,7 @@
 random weight of a given shape and type against the device's copy bandwidth."""
 import os
 import numpy as np
+from gguf import quants as gguf_quants
 from gguf import GGMLQuantizationType
 from tinygrad import Device, Tensor, dtypes
 from experiments import journal
@@ -35,27 +36,35 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
       print(f"{info.ggml_type.name:<6} {info.name:<22} {'x'.join(map(str, info.shape)):>13} {s:<14} {m.kernels:>7} {m.median_ms:>9.3f} "
             f"{read / m.median_ms / 1e6:>7.2f}", flush=True)
 
-SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if t * b <= 512]
+# the largest error of the first weight's output against float64 numpy, relative to its largest value, that counts as
+# correct: float32 sums (and the fp16 weights of dequant_cache) stay near 1e-4, a kernel that drops or repeats work is off by O(1)
+GEMV_TOLERANCE = 1e-3
+# threads per row, rows per workgroup, rows per thread: workgroups of 32 to 256 threads
+SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if 32 <= t * b <= 256]
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int = 8, iters: int = 50,
                    sweep: list[tuple[int, int, int] | None] | None = None) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (together larger than the caches, so the replays read
   memory), in JIT steady state, against a device copy measured in the same run: one journal record per GPU matvec size
-  in `sweep` (None: the sizes the kernels get by default), each naming the kernel shape it timed."""
+  in `sweep` (None: the sizes the kernels get by default), each naming the kernel shape it timed and whether its output
+  matched numpy."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
-  lins = [QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy=strategy) for _ in range(copies)]
-  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
+  lins = [QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), strategy=strategy) for raw in raws]
+  x_np = rng.standard_normal((1, cols), dtype=np.float32)
+  x, want = Tensor(x_np).realize(), (gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_np[0].astype(np.float64))
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
   for sizes in sweep or [None]:
     to_program_cache.clear()   # the same kernel graph under new sizes must compile again
     compiled_shapes.clear()
     with forced_gpu_sizes(sizes):   # one kernel per weight, as in a model
       m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)
+      err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
     gb_s = read / m.median_ms / 1e6
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {})}
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
-                    "metrics": {"kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1),
+                    "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "kernels": m.kernels, "ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3)}})
   return records

@@ -58,6 +58,10 @@ def use_tuned_sizes(table: dict[str, tuple[int, int, int]]) -> None:
   _tuned.clear()
   _tuned.update(table)
 
+def untuned_matvec_shapes() -> list[str]:
+  """The kernel shapes of GPU matvecs compiled so far that no tuned table covered."""
+  return sorted(set(compiled_shapes) - _tuned.keys())
+
 def kernel_shape(k: Scheduler) -> str:
   """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x256x4x4x2'."""
   return "x".join(str(s) for s in k.full_shape)

@@ -41,10 +41,11 @@ def cmd_matvec(args) -> None:
       for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sweep), sweep):
         if not args.no_journal: journal.append(record)
         m, shape = record["metrics"], record["kernel_shape"]
-        if sizes and shape and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
+        if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
         label = f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
         print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
-              f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})", flush=True)
+              f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})"
+              + ("" if m["correct"] else f"; WRONG OUTPUT (relative error {m['rel_err']:.1e}), left out of the best"), flush=True)
   if len(sweep) > 1:
     for shape, (sizes, gb_s) in best.items(): print(f"kernel {shape}: best sizes {','.join(map(str, sizes))} at {gb_s} GB/s")
     print(f"search cost: {time.perf_counter() - t0:.0f} s for {len(sweep)} sizes")

@@ -55,7 +55,15 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert m["bytes"] == 3 * 64 * (256 // 32) * 18
   gb_s = m["bytes"] / m["ms"] / 1e6
   assert gb_s > 0 and m["gb_s"] == pytest.approx(gb_s, abs=0.1) and m["fraction_of_copy"] == pytest.approx(gb_s / m["copy_gb_s"], abs=2e-3)
+  assert m["correct"] and m["rel_err"] < 1e-5
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
+
+def test_gemv_flags_an_output_that_misses_numpy(monkeypatch):
+  import experiments.matvec
+  real = experiments.matvec.gguf_quants.dequantize
+  monkeypatch.setattr(experiments.matvec.gguf_quants, "dequantize", lambda raw, t: -real(raw, t))
+  (r,) = gemv_bandwidth("Q8_0", 64, 256, copies=1, iters=1)
+  assert not r["metrics"]["correct"] and r["metrics"]["rel_err"] == pytest.approx(2, rel=1e-3)
 
 def test_plot_keeps_one_devices_records():
   records = [{"device": "CUDA: NVIDIA H100 80GB HBM3", "n": 1}, {"device": "CPU: Intel Xeon, 2 cores", "n": 2}]
