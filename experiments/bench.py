@@ -15,6 +15,7 @@ from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
 from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
+from experiments.steady import back_to_back_ms
 from models.moe import MoE
 from models.runtime import Runtime
 from ops.topk import topk_by_name
@@ -70,14 +71,11 @@ def prompt_ids(rt: Runtime, n: int) -> list[int]:
   return [(7 * i + 11) % rt.cfg.vocab_size for i in range(n)]
 
 def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
-  """GB/s of a large device copy in JIT steady state (bytes read plus bytes written)."""
+  """GB/s of a large device copy in JIT steady state, replays back to back (bytes read plus bytes written)."""
   src = Tensor.ones(mib << 18, dtype=dtypes.float32, device=device).contiguous().realize()
   jit = TinyJit(lambda x: (x + 1).realize())
   for _ in range(3): jit(src)
-  dev, times = Device[src.device], []
-  for _ in range(5):
-    t0 = time.perf_counter(); jit(src); dev.synchronize(); times.append(time.perf_counter() - t0)
-  return 2 * src.nbytes() / min(times) / 1e9
+  return 2 * src.nbytes() / back_to_back_ms(jit, [src], 10) / 1e6
 
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   with cfg.tinygrad_context(): return _bench(cfg.model_file(path), name, cfg)

@@ -1,4 +1,6 @@
-"""JIT steady state: capture a step once, replay it, count its kernels and time the replays."""
+"""JIT steady state: capture a step once, replay it, count its kernels and time the replays, each alone (what one call
+costs its caller, host dispatch and synchronization included) and back to back (what the device spends on one: the host
+queues the next replay while the device runs this one)."""
 import statistics
 import time
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ cuda_graph.install()
 class Steady:
   kernels: int            # kernels one replay runs, counted from what the JIT replays
   times_ms: list[float]   # wall time of each timed replay, device synchronized
+  pipelined_ms: float     # wall time of the timed replays run back to back, synchronized once, per replay
 
   @property
   def median_ms(self) -> float: return statistics.median(self.times_ms)
@@ -30,4 +33,13 @@ def steady_state(step: Callable[..., Tensor], *inputs: Tensor, warmup: int = 3, 
     jit(*inputs)
     dev.synchronize()
     times.append((time.perf_counter() - t0) * 1e3)
-  return Steady(count_kernels(jit), times)
+  return Steady(count_kernels(jit), times, back_to_back_ms(jit, inputs, iters))
+
+def back_to_back_ms(jit: TinyJit, inputs: tuple[Tensor, ...] | list[Tensor], n: int) -> float:
+  """ms per call of n calls of a captured jit queued without waiting, the device synchronized before and after."""
+  dev = Device[inputs[0].device if inputs else Device.DEFAULT]
+  dev.synchronize()
+  t0 = time.perf_counter()
+  for _ in range(n): jit(*inputs)
+  dev.synchronize()
+  return (time.perf_counter() - t0) * 1e3 / n
