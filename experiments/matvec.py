@@ -66,6 +66,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
                     "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE,
-                                "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read, "gb_s": round(gb_s, 1),
+                                "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,
+                                "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3)}})
   return records
