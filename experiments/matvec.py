@@ -1,9 +1,10 @@
 """`tinyzoo matvec`: one real weight per GGML type of a model, its matvec under each strategy, in JIT steady state; or one
 random weight of a given shape and type against the device's copy bandwidth."""
+import math
 import os
 import numpy as np
 from gguf import quants as gguf_quants
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.bench import copy_bandwidth
@@ -39,17 +40,19 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
 # the largest error of the first weight's output against float64 numpy, relative to its largest value, that counts as
 # correct: float32 sums (and the fp16 weights of dequant_cache) stay near 1e-4, a kernel that drops or repeats work is off by O(1)
 GEMV_TOLERANCE = 1e-3
+CACHE_BEATING_BYTES = 256 << 20   # weights a gemv reads in turn by default: 5x an H100's L2, as a model's weights outgrow it
 # threads per row, rows per workgroup, rows per thread: workgroups of 32 to 256 threads
 SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if 32 <= t * b <= 256]
 
-def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int = 8, iters: int = 50,
+def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[tuple[int, int, int] | None] | None = None) -> list[dict]:
-  """One matvec over `copies` random weights of [rows, cols] in turn (together larger than the caches, so the replays read
-  memory), in JIT steady state with replays back to back, against a device copy measured in the same run: one journal record per GPU matvec size
-  in `sweep` (None: the sizes the kernels get by default), each naming the kernel shape it timed and whether its output
-  matched numpy."""
+  """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
+  replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run:
+  one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel
+  shape it timed and whether its output matched numpy."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
+  copies = copies or max(2, math.ceil(CACHE_BEATING_BYTES / (rows * cols // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1])))
   raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
   lins = [QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), strategy=strategy) for raw in raws]
   x_np = rng.standard_normal((1, cols), dtype=np.float32)
@@ -65,7 +68,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {})}
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
-                    "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE,
+                    "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "copies": copies,
                                 "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,
                                 "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3)}})

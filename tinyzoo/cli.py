@@ -25,7 +25,7 @@ def cmd_matvec(args) -> None:
   if args.shape is None: return bench_model(resolve_model(args.model), args.strategies, args.iters, args.batch, args.row_upcast)
   if args.model is not None: raise ValueError("give a model or --shape, not both")
   shapes = [parse_shape(v) for v in args.shape.split()]
-  if args.copies < 1: raise ValueError("--copies must be positive")
+  if args.copies is not None and args.copies < 1: raise ValueError("--copies must be positive")
   import time
   from experiments import journal
   from profiles.device import device_name, profile_path, save_matvec_sizes, use_device_profile
@@ -43,7 +43,7 @@ def cmd_matvec(args) -> None:
         m, shape = record["metrics"], record["kernel_shape"]
         if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
         label = f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
-        print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / args.copies:.1f} us per weight, {m['gb_s']} GB/s = "
+        print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / m['copies']:.1f} us per weight, {m['gb_s']} GB/s = "
               f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s ({record['device']})"
               + ("" if m["correct"] else f"; WRONG OUTPUT (relative error {m['rel_err']:.1e}), left out of the best"), flush=True)
   if len(sweep) > 1:
@@ -175,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--shape", metavar="'ROWSxCOLS ...'", help="instead of a model: random weights of these shapes, timed against a device copy "
                  "and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
-  s.add_argument("--copies", type=int, default=8, help="--shape weights read in turn, so that together they outgrow the caches (default 8)")
+  s.add_argument("--copies", type=int, help="--shape weights read in turn, so that together they outgrow the caches (default: enough for 256 MiB)")
   s.add_argument("--gpu-sizes", metavar="'T,B,R ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
                  "workgroup, rows per thread) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
