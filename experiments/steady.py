@@ -33,13 +33,13 @@ def steady_state(step: Callable[..., Tensor], *inputs: Tensor, warmup: int = 3, 
     jit(*inputs)
     dev.synchronize()
     times.append((time.perf_counter() - t0) * 1e3)
-  return Steady(count_kernels(jit), times, back_to_back_ms(jit, inputs, iters))
+  return Steady(count_kernels(jit), times, back_to_back_ms(lambda: jit(*inputs), dev.device, iters))
 
-def back_to_back_ms(jit: TinyJit, inputs: tuple[Tensor, ...] | list[Tensor], n: int) -> float:
-  """ms per call of n calls of a captured jit queued without waiting, the device synchronized before and after."""
-  dev = Device[inputs[0].device if inputs else Device.DEFAULT]
+def back_to_back_ms(call: Callable[[], object], device: str, n: int) -> float:
+  """ms per call of n calls queued on the device without waiting, the device synchronized before and after."""
+  dev = Device[device]
   dev.synchronize()
   t0 = time.perf_counter()
-  for _ in range(n): jit(*inputs)
+  for _ in range(n): call()
   dev.synchronize()
   return (time.perf_counter() - t0) * 1e3 / n

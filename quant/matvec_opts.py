@@ -30,9 +30,10 @@ DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
 _tinygrad_heuristic, _tinygrad_parallel = heuristic.hand_coded_optimizations, PARALLEL.value
 _row_upcast = 0
-# threads per row, rows per workgroup, rows per thread; the best of a sweep on an H100 (journal, 2026-11-22): blocks of 16 bytes
-# of quants (Q4_0) 16,4,4 at 231 GB/s; blocks of 32 (Q8_0) 16,8,1 at 277 GB/s, where 16,4,4 reached 99
-GPU_MATVEC_SMALL_BLOCKS, GPU_MATVEC_LARGE_BLOCKS = (16, 4, 4), (16, 8, 1)
+# The built-in GPU rule, fitted to the per-shape sweeps on an H100 (experiments/gpu_notes.md): 4 rows per thread (1 where a
+# block unrolls to 32 or more bytes: more registers than that spill), then threads per row doubled from 16 up to 128 (and
+# the blocks a row has) until the kernel launches GPU_MATVEC_THREADS threads, and workgroups of 64 threads.
+GPU_MATVEC_THREADS = 1 << 16
 
 def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
   try: sizes = tuple(int(v) for v in spec.split(","))
@@ -107,7 +108,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler |
   if axis is None or k.full_shape[axis] % (block * rows): return None
   reduces = k.axes_of(AxisType.REDUCE)
   inner = [k.rngs[a] for a in reduces[1:]]
-  while threads > 1 and k.full_shape[reduces[0]] % threads: threads //= 2
+  threads = max(d for d in range(1, threads + 1) if k.full_shape[reduces[0]] % d == 0)   # 20 blocks a row: 20 threads, not 4
   tuned = k.copy()
   for op, ax, n in ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
     if n > 1: tuned.apply_opt(Opt(op, ax, n))
@@ -123,8 +124,14 @@ def gpu_matvec_sizes(k: Scheduler) -> tuple[int, int, int]:
   compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   if shape in _tuned: return _tuned[shape]
-  inner = k.full_shape[k.unrollable_dims[-1]] if k.unrollable_dims else 0
-  return GPU_MATVEC_LARGE_BLOCKS if isinstance(inner, int) and inner >= 32 else GPU_MATVEC_SMALL_BLOCKS
+  reduces = k.axes_of(AxisType.REDUCE)
+  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[reduces[0]], k.full_shape[reduces[-1]])   # type: ignore[arg-type]
+
+def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> tuple[int, int, int]:
+  """Threads per row, rows per workgroup, rows per thread for `rows` rows of `blocks` blocks whose innermost loop is `inner`."""
+  per_thread, threads = (1 if inner >= 32 else 4), 16
+  while threads < min(128, blocks) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
+  return threads, max(1, 64 // threads), per_thread
 
 def _cpu_matvec(k: Scheduler) -> Scheduler | None:
   if not (opts := matvec_opts(k, _row_upcast)): return None

@@ -9,7 +9,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import PARALLEL
 from experiments.kernels import jit_programs
 from quant import matvec_opts
-from quant.matvec_opts import compiled_shapes, forced_gpu_sizes, use_tuned_sizes
+from quant.matvec_opts import builtin_gpu_sizes, compiled_shapes, forced_gpu_sizes, use_tuned_sizes
 from quant.linear import QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -76,16 +76,16 @@ def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
   info = ProgramInfo.from_sink(full_rewrite_to_sink(ast, ren), ren.target)
   return tuple(info.global_size), tuple(info.local_size)
 
-@pytest.mark.parametrize("t,local", [(T.Q4_0, (16, 4, 1)), (T.Q8_0, (16, 8, 1))], ids=lambda v: getattr(v, "name", str(v)))
-def test_gpu_matvec_splits_each_row_over_threads(t: T, local: tuple, row_upcast, rng: np.random.Generator):
-  """On a GPU a packed-dot row's blocks go to 16 threads (GROUP) and a workgroup holds several rows; without the opts
-  tinygrad gives one thread 4 whole rows, whose loads never coalesce."""
-  rows, cols = 1024, 2048
+@pytest.mark.parametrize("t,rows,local,rows_per_thread", [(T.Q4_0, 1024, (64, 1, 1), 4), (T.Q8_0, 1024, (64, 1, 1), 1),
+                                                           (T.Q4_0, 16384, (16, 4, 1), 4)], ids=["Q4_0", "Q8_0", "Q4_0-tall"])
+def test_gpu_matvec_splits_each_row_over_threads(t: T, rows: int, local: tuple, rows_per_thread: int, row_upcast, rng: np.random.Generator):
+  """On a GPU a packed-dot row's blocks go to several threads (GROUP: more for fewer rows) and a workgroup holds 64
+  threads; without the opts tinygrad gives one thread 4 whole rows, whose loads never coalesce."""
+  cols = 2048
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)))
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   global_size, local_size = cuda_launch(lin(x))
-  rows_per_thread = 4 if t == T.Q4_0 else 1
   assert local_size == local and global_size == (rows // (local[1] * rows_per_thread), 1, 1)
   row_upcast(0)
   assert cuda_launch(lin(x + 0))[1] != local, "tinygrad's own heuristic does not group the rows"
@@ -97,11 +97,24 @@ def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)))
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   compiled_shapes.clear()
-  assert cuda_launch(lin(x))[1] == (16, 4, 1) and len(compiled_shapes) == 1
+  assert cuda_launch(lin(x))[1] == (64, 1, 1) and len(compiled_shapes) == 1
   try:
     use_tuned_sizes({compiled_shapes[0]: (32, 2, 2)})
     assert cuda_launch(lin(x * 1))[1] == (32, 2, 1)
     with forced_gpu_sizes((8, 8, 1)): assert cuda_launch(lin(x * 2))[1] == (8, 8, 1)
     use_tuned_sizes({"1x2x3": (32, 2, 2)})
-    assert cuda_launch(lin(x * 3))[1] == (16, 4, 1)
+    assert cuda_launch(lin(x * 3))[1] == (64, 1, 1)
   finally: use_tuned_sizes({})
+
+# the winners of the H100 sweeps (threads per row, rows per workgroup, rows per thread), or within 2% of them
+@pytest.mark.parametrize("rows,blocks,inner,sizes", [(8192, 64, 2, (32, 2, 4)), (2048, 64, 2, (64, 1, 4)), (3072, 64, 2, (64, 1, 4)),
+                                                     (16384, 64, 2, (16, 4, 4)), (2048, 256, 2, (128, 1, 4)), (128256, 64, 4, (16, 4, 4)),
+                                                     (32768, 64, 32, (16, 4, 1))])
+def test_builtin_gpu_sizes_follow_the_sweeps(rows: int, blocks: int, inner: int, sizes: tuple):
+  assert builtin_gpu_sizes(rows, blocks, inner) == sizes
+
+def test_gpu_matvec_groups_a_divisor_of_the_blocks(row_upcast, rng: np.random.Generator):
+  """640 columns are 20 Q4_0 blocks: 20 threads share a row (halving 32 would stop at 4)."""
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (1536, 640), rng), T.Q4_0, (1536, 640)), strategy="packed_words")
+  assert cuda_launch(lin(Tensor(rng.standard_normal((1, 640), dtype=np.float32)).realize()))[1] == (20, 2, 1)
