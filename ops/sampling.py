@@ -49,12 +49,18 @@ def penalize(logits: Tensor, recent: Tensor, penalty: float) -> Tensor:
   return seen.where((logits > 0).where(logits / penalty, logits * penalty), logits)
 
 def first_argmax(x: Tensor, groups: int = 512) -> Tensor:
-  """Index of the first maximum of x [V] as an int32 scalar, in two kernels (group maxima, then the lowest index equal
-  to their max) where Tensor.argmax takes three; the groups keep the first kernel wide enough to fill a GPU."""
-  n = math.ceil(x.shape[-1] / groups)
-  tiles = x.pad((0, groups * n - x.shape[-1]), value=-float("inf")).reshape(groups, n)
-  top = tiles.max(-1).max()
-  return (tiles == top).where(Tensor.arange(groups * n).reshape(groups, n), groups * n).min(-1).min().cast(dtypes.int32)
+  """Index of the first maximum of x [V] (V < 2^21) as an int32 scalar, in two kernels where Tensor.argmax takes three:
+  each value and its index become one float64 key, an integer below 2^53 so exact, whose maximum is the largest value
+  at its lowest index (the float's bits made order-preserving, times 2^21, minus the index); group maxima first keep
+  that kernel wide enough to fill a GPU (one output reducing every value would run on one thread). Keys are float64,
+  not int64: tinygrad writes int64's max identity as a literal C compilers warn about."""
+  n, span = math.ceil(x.shape[-1] / groups), float(1 << 21)
+  if groups * n > span: raise ValueError(f"first_argmax takes at most {1 << 21} values, got {x.shape[-1]}")
+  bits = x.cast(dtypes.float32).pad((0, groups * n - x.shape[-1]), value=-float("inf")).bitcast(dtypes.int32)
+  ordered = (bits < 0).where(bits ^ 0x7FFFFFFF, bits).cast(dtypes.float64)   # negative floats: larger magnitude, smaller key
+  keys = ordered * span - Tensor.arange(groups * n, dtype=dtypes.float64)
+  top = keys.reshape(groups, n).max(-1).contiguous().max()
+  return ((top / span).ceil() * span - top).cast(dtypes.int32)
 
 def _raise_floor(logits: Tensor, floor: Tensor, enough: Callable[[Tensor], Tensor]) -> Tensor:
   """The highest threshold t >= floor where enough(logits >= t) holds (floor itself if none); enough maps masks [M, V] to [M]."""

@@ -43,6 +43,8 @@ def test_first_argmax_takes_the_lowest_tied_index(seed, rng, size):
   tied = rng.choice(size, size=min(3, size), replace=False)
   x[tied] = x.max() + 1
   assert first_argmax(Tensor(x)).item() == np.argmax(x) == tied.min(), f"seed={seed}"
+  x = -np.abs(x) - 1   # negative floats order by flipped bits
+  assert first_argmax(Tensor(x)).item() == np.argmax(x), f"seed={seed}"
   x[:] = -np.inf
   assert first_argmax(Tensor(x)).item() == 0, f"seed={seed}"
 
