@@ -71,10 +71,11 @@ def prompt_ids(rt: Runtime, n: int) -> list[int]:
   """A fixed prompt of n token ids, spread over the vocabulary."""
   return [(7 * i + 11) % rt.cfg.vocab_size for i in range(n)]
 
-def copy_bandwidth(device: str | None = None, mib: int = 256) -> float:
+def copy_bandwidth(device: str | None = None) -> float:
   """GB/s (bytes read plus bytes written) of a large copy on the device, the faster of tinygrad's elementwise kernel in JIT
-  steady state and the driver's own device-to-device copy (on an H100 the kernel reaches about half the driver's), each
-  repeated back to back."""
+  steady state and the driver's own device-to-device copy, each repeated back to back. 1 GiB off the CPU, so that the
+  host's ~0.1 ms to issue a copy stays small beside the copy itself (256 MiB read 1.6 TB/s on an H100, GPU.md's 3.0)."""
+  mib = 256 if Device.canonicalize(device).split(":")[0] == "CPU" else 1024
   src = Tensor.ones(mib << 18, dtype=dtypes.float32, device=device).contiguous().realize()
   jit = TinyJit(lambda x: (x + 1).realize())
   for _ in range(3): jit(src)
