@@ -34,6 +34,7 @@ _row_upcast = 0
 # block unrolls to 32 or more bytes: more registers than that spill), then threads per row doubled from 16 up to 128 (and
 # the blocks a row has) until the kernel launches GPU_MATVEC_THREADS threads, and workgroups of 64 threads.
 GPU_MATVEC_THREADS = 1 << 16
+MAX_EXPERTS_USED = 16
 
 def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
   try: sizes = tuple(int(v) for v in spec.split(","))
@@ -77,16 +78,18 @@ def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
-  size that one input is indexed by (the weights) and another is broadcast along (the activations)."""
+  size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it at most
+  one short output axis, the experts a MoE token uses (each reads its own expert's rows)."""
   if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or not k.axes_of(AxisType.REDUCE): return None
   if not all(isinstance(s, int) for s in k.full_shape): return None
   outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if k.full_shape[a] > 1]
-  if len(outputs) != 1 or k.full_shape[outputs[0]] < 64: return None
-  row, reduces = k.rngs[outputs[0]], k.ranges_of(AxisType.REDUCE)
+  rows = [a for a in outputs if k.full_shape[a] >= 64]
+  if len(rows) != 1 or len(outputs) - 1 > 1 or any(k.full_shape[a] > MAX_EXPERTS_USED for a in outputs if a != rows[0]): return None
+  row, reduces = k.rngs[rows[0]], k.ranges_of(AxisType.REDUCE)
   reads = [b.src[1].get_idx().backward_slice for b in k.bufs]
   weights = any(row in r for r in reads)
   broadcast = any(row not in r and any(red in r for red in reduces) for r in reads)
-  return outputs[0] if weights and broadcast else None
+  return rows[0] if weights and broadcast else None
 
 def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   """The opts for a matvec kernel: upcast rows, unroll the innermost reduce, then split rows over the CPU threads."""
