@@ -16,7 +16,7 @@ from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
 from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
-from experiments.steady import back_to_back_ms
+from experiments.steady import back_to_back_ms, queued
 from models.moe import MoE
 from models.runtime import Runtime
 from ops.topk import topk_by_name
@@ -109,6 +109,9 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
     steps.append(time.perf_counter() - t0)
   timed = steps[2 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
+  # the same step without the host's token round trip: decode and sampling queued back to back on one token and position
+  slot, at = rt._decode_token.write(token), rt._decode_pos.bind(pos + len(steps))
+  issue_ms, queued_ms = queued(lambda: sampler.queue(rt._decode(slot, at)), rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
   nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size)
@@ -122,6 +125,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
+                        "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2)}}

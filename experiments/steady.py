@@ -37,9 +37,15 @@ def steady_state(step: Callable[..., Tensor], *inputs: Tensor, warmup: int = 3, 
 
 def back_to_back_ms(call: Callable[[], object], device: str, n: int) -> float:
   """ms per call of n calls queued on the device without waiting, the device synchronized before and after."""
+  return queued(call, device, n)[1]
+
+def queued(call: Callable[[], object], device: str, n: int) -> tuple[float, float]:
+  """n calls queued on the device without waiting: (ms per call the host spent issuing them, ms per call until the device
+  finished them). The second is the device's time per call where the host keeps ahead of it, the host's where not."""
   dev = Device[device]
   dev.synchronize()
   t0 = time.perf_counter()
   for _ in range(n): call()
+  t1 = time.perf_counter()
   dev.synchronize()
-  return (time.perf_counter() - t0) * 1e3 / n
+  return (t1 - t0) * 1e3 / n, (time.perf_counter() - t0) * 1e3 / n

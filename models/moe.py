@@ -33,18 +33,16 @@ class MoE:
     E, ff = cfg.n_experts, cfg.ffn_dim
     self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)
     self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias", E) if w.has(f"{prefix}.exp_probs_b.bias") else None
-    fused = w.has(f"{prefix}.ffn_gate_up_exps.weight")
-    self.gate_up = w.experts(f"{prefix}.ffn_gate_up_exps", E, 2 * ff, dim) if fused else None
-    self.gate = None if fused else w.experts(f"{prefix}.ffn_gate_exps", E, ff, dim)
-    self.up = None if fused else w.experts(f"{prefix}.ffn_up_exps", E, ff, dim)
-    self.down = w.experts(f"{prefix}.ffn_down_exps", E, dim, ff)
+    # gate and up as one matmul over their joined rows, whether the file joins them or not
+    if w.has(f"{prefix}.ffn_gate_up_exps.weight"): self.gate_up = w.experts([f"{prefix}.ffn_gate_up_exps"], E, [2 * ff], dim)
+    else: self.gate_up = w.experts([f"{prefix}.ffn_gate_exps", f"{prefix}.ffn_up_exps"], E, [ff, ff], dim)
+    self.down = w.experts([f"{prefix}.ffn_down_exps"], E, [dim], ff)
     self.shared = FeedForward(w, prefix, dim, cfg.n_shared * ff, activation, suffix="_shexp") if cfg.n_shared else None
 
   def __call__(self, x: Tensor) -> Tensor:
     c = self.cfg
     weights, sel = route(self.router(x), c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
     xe = x.unsqueeze(-2)   # [B, T, 1, dim]: one input row shared by the k experts
-    if self.gate_up is not None: gate, up = self.gate_up(xe, sel).chunk(2, dim=-1)
-    else: gate, up = self.gate(xe, sel), self.up(xe, sel)   # type: ignore[misc]
-    out = (self.down(self.activation(gate, up), sel) * weights.unsqueeze(-1)).sum(axis=-2)
+    gate, up = self.gate_up(xe, sel).chunk(2, dim=-1)
+    out = self.down.mixed(self.activation(gate, up), sel, weights)
     return out if self.shared is None else out + self.shared(x)

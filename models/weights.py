@@ -45,11 +45,16 @@ class Weights:
     """A matmul over a weight with leading dims [..., out, in] (one matrix per head), applied to x [..., in]."""
     return self.over(self._load(f"{name}.weight", shape), name)
 
-  def experts(self, name: str, n_experts: int, out_features: int, in_features: int) -> QuantExperts:
-    """Expert weights [experts, out, in] (and a bias [experts, out] where the file has one), read per selected expert."""
-    weight = self._load(f"{name}.weight", (n_experts, out_features, in_features))
-    bias = self._load(f"{name}.bias", (n_experts, out_features)).dequantize().realize() if self.has(f"{name}.bias") else None
-    self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(name, weight.ggml_type), self.rounding))
+  def experts(self, names: list[str], n_experts: int, outs: list[int], in_features: int) -> QuantExperts:
+    """Expert weights [experts, out, in] (and biases [experts, out] where the file has them), read per selected expert.
+    Several names (gate and up) become one matmul over their joined rows, as `projections` does."""
+    weights = [self._load(f"{n}.weight", (n_experts, o, in_features)) for n, o in zip(names, outs)]
+    biases = [self._load(f"{n}.bias", (n_experts, o)).dequantize() if self.has(f"{n}.bias") else None for n, o in zip(names, outs)]
+    bias = None if all(b is None for b in biases) else \
+      Tensor.cat(*[b if b is not None else Tensor.zeros(n_experts, o) for b, o in zip(biases, outs)], dim=1).realize()
+    weight = weights[0] if len(weights) == 1 else concat_rows(weights)
+    name = names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
+    self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.rounding))
     for t in linear.device_tensors: self.label(name, "matmul", t)
     return linear
 

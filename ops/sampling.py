@@ -96,12 +96,16 @@ class Sampler:
     """Record a token (prompt or generated) for the repeat penalty."""
     self.recent.append(token)
 
-  def __call__(self, logits: Tensor) -> int:
+  def queue(self, logits: Tensor) -> Tensor:
+    """Samples on the device: the token as a device scalar, not waited for (and not recorded for the repeat penalty)."""
     n = self.params.repeat_last_n
     if self._u is None:
       self._u = DeviceSlot((1,), dtypes.float32, logits.device)
       self._recent = DeviceSlot((n,), dtypes.int32, logits.device) if n else None
     recent = self._recent.write(list(self.recent) + [-1] * (n - len(self.recent))) if self._recent is not None else None
-    token = int(read_scalar(self.jit(logits.contiguous(), self._u.write(self.rng.random(1, dtype=np.float32)), recent)))
+    return self.jit(logits.contiguous(), self._u.write(self.rng.random(1, dtype=np.float32)), recent)
+
+  def __call__(self, logits: Tensor) -> int:
+    token = int(read_scalar(self.queue(logits)))
     self.accept(token)
     return token

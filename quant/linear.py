@@ -99,3 +99,9 @@ class QuantExperts(_PackedWeight):
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
     y = self._matmul(x, sel)
     return y if self.bias is None else y + self.bias[sel]
+
+  def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
+    """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""
+    if self.words is None: return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
+    y = self.words.dot(round_activations(x, self.weight.ggml_type, self.rounding), sel, mix)
+    return y if self.bias is None else y + (self.bias[sel] * mix.unsqueeze(-1)).sum(axis=-2)

@@ -20,6 +20,7 @@ stay in this process (tinygrad's compile workers are spawned fresh and would not
 """
 import contextlib
 import os
+from math import prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt import heuristic
 from tinygrad.helpers import PARALLEL
@@ -34,7 +35,7 @@ _row_upcast = 0
 # block unrolls to 32 or more bytes: more registers than that spill), then threads per row doubled from 16 up to 128 (and
 # the blocks a row has) until the kernel launches GPU_MATVEC_THREADS threads, and workgroups of 64 threads.
 GPU_MATVEC_THREADS = 1 << 16
-MAX_EXPERTS_USED = 16
+MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
 
 def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
   try: sizes = tuple(int(v) for v in spec.split(","))
@@ -78,13 +79,13 @@ def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
-  size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it at most
-  one short output axis, the experts a MoE token uses (each reads its own expert's rows)."""
+  size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it only
+  short output axes (the experts a MoE token uses, each reading its own expert's rows; gate and up of joined rows)."""
   if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or not k.axes_of(AxisType.REDUCE): return None
   if not all(isinstance(s, int) for s in k.full_shape): return None
   outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if k.full_shape[a] > 1]
   rows = [a for a in outputs if k.full_shape[a] >= 64]
-  if len(rows) != 1 or len(outputs) - 1 > 1 or any(k.full_shape[a] > MAX_EXPERTS_USED for a in outputs if a != rows[0]): return None
+  if len(rows) != 1 or prod(k.full_shape[a] for a in outputs if a != rows[0]) > MAX_SHORT_OUTPUTS: return None
   row, reduces = k.rngs[rows[0]], k.ranges_of(AxisType.REDUCE)
   reads = [b.src[1].get_idx().backward_slice for b in k.bufs]
   weights = any(row in r for r in reads)
@@ -103,17 +104,26 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   if threads > 1: opts.append(Opt(OptOps.THREAD, axis, threads))
   return opts
 
+def block_axes(k: Scheduler) -> tuple[int, list[int]]:
+  """The reduce axis over a row's blocks, and the other reduce axes. The blocks are the longest axis of the outermost
+  reduce: a matvec that sums each block before scaling it nests the sum inside a block in another reduce, and one over
+  several experts has their axis beside the blocks'."""
+  outer = {r for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges) for r in red.src[1:]}
+  reduces = k.axes_of(AxisType.REDUCE)
+  blocks = max((a for a in reduces if k.rngs[a] in outer), key=lambda a: k.full_shape[a])
+  return blocks, [a for a in reduces if a != blocks]
+
 def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler | None:
   """GROUP the first reduce axis (the blocks) over up to `threads` threads, LOCAL `block` rows, UPCAST `rows` rows per thread,
   then unroll the reduce axes inside a block (bytes, words, nibble planes), innermost first, up to 32 elements; None if
   the kernel is no matvec. Raises KernelOptError where tinygrad refuses an opt."""
   axis = matvec_row_axis(k)
   if axis is None or k.full_shape[axis] % (block * rows): return None
-  reduces = k.axes_of(AxisType.REDUCE)
-  inner = [k.rngs[a] for a in reduces[1:]]
-  threads = max(d for d in range(1, threads + 1) if k.full_shape[reduces[0]] % d == 0)   # 20 blocks a row: 20 threads, not 4
+  blocks, inside = block_axes(k)
+  inner = [k.rngs[a] for a in inside]
+  threads = max(d for d in range(1, threads + 1) if k.full_shape[blocks] % d == 0)   # 20 blocks a row: 20 threads, not 4
   tuned = k.copy()
-  for op, ax, n in ((OptOps.GROUP, 0, threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
+  for op, ax, n in ((OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(blocks), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
     if n > 1: tuned.apply_opt(Opt(op, ax, n))
   unrolled = 1
   for r in reversed(inner):
@@ -127,8 +137,8 @@ def gpu_matvec_sizes(k: Scheduler) -> tuple[int, int, int]:
   compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   if shape in _tuned: return _tuned[shape]
-  reduces = k.axes_of(AxisType.REDUCE)
-  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[reduces[0]], k.full_shape[reduces[-1]])   # type: ignore[arg-type]
+  blocks, inside = block_axes(k)
+  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[blocks], k.full_shape[inside[-1]] if inside else 1)   # type: ignore[arg-type]
 
 def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> tuple[int, int, int]:
   """Threads per row, rows per workgroup, rows per thread for `rows` rows of `blocks` blocks whose innermost loop is `inner`."""

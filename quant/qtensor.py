@@ -38,9 +38,10 @@ class QTensor:
     return self.format.dequantize(self.blocks).reshape(self.shape)
 
 def concat_rows(tensors: list[QTensor]) -> QTensor:
-  """One tensor whose rows are those of `tensors` in order (same GGML type and row length), packed bytes copied once."""
+  """One tensor whose rows (the second-to-last logical axis) are those of `tensors` in order, for each index of any
+  leading axes (experts); one GGML type, the same row length and leading axes; packed bytes copied once."""
   first = tensors[0]
-  if any(t.ggml_type != first.ggml_type or t.shape[1:] != first.shape[1:] for t in tensors):
-    raise ValueError("concat_rows needs tensors of one GGML type and row length")
-  blocks = first.blocks.cat(*[t.blocks for t in tensors[1:]]).contiguous().realize()
-  return QTensor(blocks, first.ggml_type, (sum(t.shape[0] for t in tensors), *first.shape[1:]))
+  if any(t.ggml_type != first.ggml_type or t.shape[:-2] != first.shape[:-2] or t.shape[-1] != first.shape[-1] for t in tensors):
+    raise ValueError("concat_rows needs tensors of one GGML type, row length and leading axes")
+  blocks = first.blocks.cat(*[t.blocks for t in tensors[1:]], dim=-3).contiguous().realize()
+  return QTensor(blocks, first.ggml_type, (*first.shape[:-2], sum(t.shape[-2] for t in tensors), first.shape[-1]))

@@ -1,24 +1,36 @@
-"""The word layout of the 32-element legacy formats (Q4_0, Q4_1, Q8_0) for the `packed_words` matmul strategy.
+"""The word layout of the 32-element formats with one scale per block (Q4_0, Q4_1, Q8_0, MXFP4) for the `packed_words`
+matmul strategy.
 
-The same packed bits, rearranged once at load: the fp16 fields apart and the quants as 32-bit words. A GGUF Q4_0 block
+The same packed bits, rearranged once at load: the scale fields apart and the quants as 32-bit words. A GGUF Q4_0 block
 is 18 bytes, so blocks are only 2-byte aligned and a kernel reading them in place loads every quant byte on its own;
 as words, a GPU thread reads a block's 16 quant bytes in one 16-byte load. Element 4j + k of a Q8_0 block is byte k
 of word j; element 16h + 4j + k of a 4-bit block is nibble h of byte k of word j.
+
+Decoding avoids integer-to-float conversions, which NVIDIA GPUs run at an eighth of the FMA rate (they bounded the
+first GPU matvecs): an integer q < 2^23 is the float (q | 0x4B000000) - 2^23, exactly; an E2M1 code's three low bits
+shifted into an fp16's exponent and mantissa are its value times 2^-14, subnormals included, and half-to-float runs at
+full rate. Each block's elements are summed before its scale multiplies them, once.
 """
 from dataclasses import dataclass
 from gguf import GGMLQuantizationType as T
 from tinygrad import Tensor, dtypes
+from quant.formats.mxfp4 import e8m0_half
 from quant.qtensor import QTensor
 
-# GGML type -> (byte offset of the quants, of Q4_1's min or None, bits per element); the scale d is always bytes 0:2
-WORD_TYPES = {T.Q4_0: (2, None, 4), T.Q4_1: (4, 2, 4), T.Q8_0: (2, None, 8)}
+# GGML type -> (byte offset of the quants, of Q4_1's min or None, bits per element); the scale is bytes 0:2 (fp16), or
+# byte 0 (E8M0) for MXFP4
+WORD_TYPES = {T.Q4_0: (2, None, 4), T.Q4_1: (4, 2, 4), T.Q8_0: (2, None, 8), T.MXFP4: (1, None, 4)}
+MAGIC = 0x4B000000   # the bits of 2^23
 
 @dataclass(frozen=True)
 class WordBlocks:
+  ggml_type: T
   words: Tensor          # uint32 [..., nb, words per block]
-  d: Tensor              # float16 [..., nb]
+  d: Tensor              # float16 [..., nb], or MXFP4's uint8 exponents
   m: Tensor | None       # float16 [..., nb]: Q4_1's min
-  bits: int
+
+  @property
+  def bits(self) -> int: return WORD_TYPES[self.ggml_type][2]
 
   @property
   def tensors(self) -> list[Tensor]: return [self.words, self.d] + ([self.m] if self.m is not None else [])
@@ -27,25 +39,43 @@ class WordBlocks:
   def from_blocks(qt: QTensor) -> "WordBlocks | None":
     """The word layout of `qt`, realized on its device; None for a type without one."""
     if qt.ggml_type not in WORD_TYPES: return None
-    start, m_at, bits = WORD_TYPES[qt.ggml_type]
+    start, m_at, _ = WORD_TYPES[qt.ggml_type]
     b = qt.blocks
-    def half(at: int) -> Tensor: return b[..., at:at + 2].contiguous().bitcast(dtypes.float16).squeeze(-1).contiguous().realize()
+    def field(at: int, size: int, dtype) -> Tensor: return b[..., at:at + size].contiguous().bitcast(dtype).squeeze(-1).contiguous().realize()
     words = b[..., start:].contiguous().bitcast(dtypes.uint32).contiguous().realize()
-    return WordBlocks(words, half(0), half(m_at) if m_at is not None else None, bits)
+    d = field(0, 1, dtypes.uint8) if qt.ggml_type is T.MXFP4 else field(0, 2, dtypes.float16)
+    return WordBlocks(qt.ggml_type, words, d, field(m_at, 2, dtypes.float16) if m_at is not None else None)
 
-  def dot(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
-    """x [..., in] -> [..., O]: one reduce over every element of every block, as packed-dot does. With sel [..., k], the
-    words are [experts, O, ...] and only the selected experts are read."""
-    n_words, planes = self.words.shape[-1], 8 // self.bits   # 2 nibble planes in a 4-bit block's bytes, 1 in Q8_0's
-    # axes inside a block: word j, byte k, plane h (innermost, so a word is loaded once for both planes); byte k of a
-    # word is 8k bits up, plane h of a byte 4h more
+  def _values(self) -> Tensor:
+    """Every element as float32 before its block's scale, [..., nb, word j, byte k, plane h]; MXFP4's times 2^-15."""
+    planes = 8 // self.bits   # 2 nibble planes in a 4-bit block's bytes, 1 in Q8_0's
+    # byte k of a word is 8k bits up, plane h of a byte 4h more; the plane is innermost, so a word is loaded once for both
     shifts = (Tensor.arange(4).reshape(1, 4, 1) * 8 + Tensor.arange(planes).reshape(1, 1, planes) * 4).cast(dtypes.uint32)
     q = (self.words.reshape(*self.words.shape, 1, 1) >> shifts).bitwise_and((1 << self.bits) - 1)
-    # Q8_0 bytes are int8: flipping the sign bit and subtracting 128 sign-extends them
-    v = (q.bitwise_xor(0x80).cast(dtypes.float32) - 128) if self.bits == 8 else q.cast(dtypes.float32) - (8 if self.m is None else 0)
-    scale = self.d.cast(dtypes.float32).reshape(*self.d.shape, 1, 1, 1)
-    w = v * scale if self.m is None else v * scale + self.m.cast(dtypes.float32).reshape(*self.m.shape, 1, 1, 1)
-    if sel is not None: w = w[sel]   # the weights' expression is gathered, not the words: those would be copied out first
+    if self.ggml_type is T.MXFP4:
+      magnitude = (q.bitwise_and(7) << 9).cast(dtypes.uint16).bitcast(dtypes.float16).cast(dtypes.float32)
+      return (magnitude.bitcast(dtypes.uint32) | (q.bitwise_and(8) << 28)).bitcast(dtypes.float32)
+    # Q8_0's bytes are int8: with the sign bit flipped they are q + 128
+    if self.bits == 8: q = q.bitwise_xor(0x80)
+    return (q | MAGIC).bitcast(dtypes.float32) - float(2 ** 23 + {T.Q4_0: 8, T.Q8_0: 128}.get(self.ggml_type, 0))
+
+  def _scale(self, sel: Tensor | None) -> Tensor:
+    d = self.d if sel is None else self.d[sel]
+    return e8m0_half(d) * 2.0 ** 15 if self.ggml_type is T.MXFP4 else d.cast(dtypes.float32)
+
+  def dot(self, x: Tensor, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
+    """x [..., in] -> [..., O]. With sel [..., k], the words are [experts, O, ...] and only the selected experts are
+    read: x [..., k or 1, in] -> [..., k, O]; with mix [..., k] as well, their sum weighted by it -> [..., O]."""
+    v = self._values()
+    # the decoded expression is gathered, not the words: those would be copied out by a kernel of their own first
+    if sel is not None: v = v[sel]
+    n_words, planes = self.words.shape[-1], 8 // self.bits
     xb = x.unsqueeze(-2).reshape(*x.shape[:-1], 1, x.shape[-1] // 32, planes, n_words, 4)
     xb = xb.permute(*range(xb.ndim - 4), -4, -2, -1, -3)   # element 16h + 4j + k of a block at [j, k, h]
-    return (w * xb).sum(axis=(-4, -3, -2, -1))
+    y = (v * xb).sum(axis=(-3, -2, -1)) * self._scale(sel)
+    if self.m is not None: y = y + (self.m if sel is None else self.m[sel]).cast(dtypes.float32) * xb.sum(axis=(-3, -2, -1))
+    if mix is None: return y.sum(axis=-1)
+    # the experts' blocks as one axis of one sum: a sum over experts around the sum over blocks would be a reduce
+    # around a reduce, whose inner one a GPU cannot split over threads
+    y = (y * mix.unsqueeze(-1).unsqueeze(-1)).transpose(-3, -2)
+    return y.reshape(*y.shape[:-2], -1).sum(axis=-1)

@@ -60,6 +60,23 @@ def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Gener
     assert_fp32_close(got, want, bound, f"{t.name} {strategy} x {x.shape}")
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.MXFP4, T.Q5_K], ids=lambda t: t.name)
+def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
+  """The selected experts' outputs summed with routing weights, as one expression (one reduce over experts and blocks)."""
+  raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (E, OUT, IN), strategy)
+  bias = rng.standard_normal((E, OUT)).astype(np.float32)
+  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy=strategy)
+  sel = np.stack([rng.choice(E, size=K, replace=False) for _ in range(3)]).astype(np.int32)
+  mix = rng.random((3, K)).astype(np.float32)
+  x = rng.standard_normal((3, K, IN)).astype(np.float32)
+  got = experts.mixed(Tensor(x), Tensor(sel), Tensor(mix)).numpy()
+  want = np.stack([sum(m * (w[e] @ x[i, j] + bias[e]) for j, (e, m) in enumerate(zip(sel[i], mix[i]))) for i in range(3)])
+  bound = np.stack([sum(m * (np.abs(w[e]) @ np.abs(x[i, j]) + np.abs(bias[e])) for j, (e, m) in enumerate(zip(sel[i], mix[i]))) for i in range(3)])
+  assert got.shape == (3, OUT)
+  assert_fp32_close(got, want, bound, f"{t.name} {strategy}")
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
   """Every strategy reads only the k selected experts (packed, or from the fp16 cache), in a single kernel; split
   writes and reads back only theirs in fp32, in a second."""
