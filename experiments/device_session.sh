@@ -5,6 +5,7 @@
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
+#   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records, profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into experiments/journal.jsonl.
 set -uo pipefail
@@ -28,6 +29,8 @@ for step in "$@"; do
              python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --prompt-tokens 32 --tokens "$TOKENS" --llama-bench "$LLAMA_BENCH" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
                JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
+    ncu:*) file=$(model "${step#ncu:}") &&
+           python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -1,7 +1,13 @@
 """`tinyzoo profile`: one decode step kernel by kernel: its category, the block and module that made it (found from the
 labelled weights and caches it reads), and its time where the backend can measure one kernel alone."""
+import csv
+import json
 import math
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import statistics
 import time
 from collections import Counter
@@ -176,8 +182,24 @@ def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in row
 
 def profile_model(path, name: str, cfg, repeats: int = 5) -> tuple[str, list[KernelRow], str]:
   """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
-  kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean."""
+  kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean.
+  Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed."""
   with cfg.tinygrad_context(): return _profile(cfg.model_file(path), name, cfg, repeats)
+
+NCU_RANGE = "TINYZOO_NCU_RANGE"   # set in the process Nsight Compute profiles: one step inside cuProfilerStart/Stop
+
+@contextmanager
+def cuda_profiler_range():
+  """What runs inside is all a profiler started with --profile-from-start off sees."""
+  import ctypes
+  if Device.DEFAULT != "CUDA": raise RuntimeError(f"--ncu profiles tinygrad's CUDA backend (DEV=CUDA), not {Device.DEFAULT}")
+  cuda = ctypes.CDLL("libcuda.so.1")
+  Device[Device.DEFAULT].synchronize()
+  cuda.cuProfilerStart()
+  try: yield
+  finally:
+    Device[Device.DEFAULT].synchronize()
+    cuda.cuProfilerStop()
 
 def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
   from experiments.bench import prompt_ids
@@ -189,15 +211,43 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   token, pos = sampler(rt.prefill(prompt_ids(rt, cfg.prompt_tokens))), cfg.prompt_tokens
   for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
   times: dict[UOp, list[list[float]]] = {}
-  with timed_replays(times):
-    for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
+  if os.environ.get(NCU_RANGE):
+    with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1
+  else:
+    with timed_replays(times):
+      for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
   labels = buffer_labels(rt.weights.labels)
   decode, sample = rt._decode.captured.linear, sampler.jit.captured.linear
   rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")
   rows = [replace(r, index=i) for i, r in enumerate(rows)]
   batched = any(r.batched for r in rows)
   note = ("Times marked * belong to a graph batch timed as a whole and split evenly: averages, not per-kernel truths "
-          "(JIT=2 launches kernels one by one)." if batched else
+          "(JIT=2 launches kernels one by one; --ncu measures each inside its graph)." if batched else
           f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included).")
   title = f"{name}: one decode step at position {pos - 1} on {device_name()}, {cfg.describe()}"
   return title, rows, note
+
+def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[KernelRow], str]:
+  """Runs `tinyzoo profile ARGV --json` under Nsight Compute, which times each kernel of one replayed step, graph nodes
+  included, on its own (no launch cost, clocks and caches left as they are), and puts those times in the rows."""
+  with tempfile.TemporaryDirectory() as tmp:
+    log = os.path.join(tmp, "ncu.csv")
+    cmd = [ncu, "--profile-from-start", "off", "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+           "--cache-control", "none", "--csv", "--log-file", log, sys.executable, "-m", "tinyzoo", "profile", *argv, "--json"]
+    try: r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, NCU_RANGE: "1"}, timeout=3600)
+    except FileNotFoundError: raise RuntimeError(f"--ncu needs Nsight Compute's {ncu!r} on the PATH") from None
+    if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    profiled = json.loads(r.stdout[r.stdout.index("{"):])
+    with open(log) as f: lines = [l for l in f if l.startswith('"')]
+  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * _NS[row["Metric Unit"]])
+              for row in csv.DictReader(lines) if row["Metric Name"] == "gpu__time_duration.sum"]
+  rows = [KernelRow(**{**k, "reads": tuple(k["reads"])}) for k in profiled["kernels"]]
+  # a graph runs independent nodes in any order: the i-th time of a name goes to the i-th kernel of that name
+  by_name: dict[str, list[float]] = {}
+  for n, us in measured: by_name.setdefault(n, []).append(us)
+  if sorted(n for n, _ in measured) != sorted(r.name for r in rows):
+    raise RuntimeError(f"ncu timed {len(measured)} kernels, not the {len(rows)} of the step: {sorted(set(by_name) ^ {r.name for r in rows})[:5]}")
+  note = "Times are each kernel's own device time as Nsight Compute measured it inside its graph, launch gaps excluded."
+  return profiled["title"], [replace(r, us=by_name[r.name].pop(0), batched=False) for r in rows], note
+
+_NS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}

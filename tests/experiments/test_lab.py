@@ -85,3 +85,32 @@ def test_cli_profile_and_exp_errors(tiny: Path):
                         (("profile", str(tiny), "--strategy", "Q4_0=wrong"), "unknown matmul strategy 'wrong'")]:
     r = tinyzoo(*args)
     assert r.returncode == 1 and r.stderr.startswith("tinyzoo: error:") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+FAKE_NCU = '''#!/usr/bin/env python3
+"""Stands in for Nsight Compute: runs the profiled command (on the CPU, so outside a profiler range) and writes one
+CSV row per kernel the command reports, sorted by name (kernels of one name stay in order), each timed at 1000 + its
+index nanoseconds."""
+import json, os, subprocess, sys
+args = sys.argv[1:]
+log = args[args.index("--log-file") + 1]
+cmd = args[args.index("-m") - 1:]
+env = {k: v for k, v in os.environ.items() if k != "TINYZOO_NCU_RANGE"}
+out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+sys.stdout.write(out)
+kernels = json.loads(out[out.index("{"):])["kernels"]
+with open(log, "w") as f:
+  f.write('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\\n')
+  for k in sorted(kernels, key=lambda k: k["name"]): f.write(f'"{k["index"]}","{k["name"]}","gpu__time_duration.sum","nsecond","{1000 + k["index"]:,}"\\n')
+'''
+
+def test_profile_ncu_reads_device_times(tiny: Path, tmp_path: Path):
+  """--ncu runs the profile under Nsight Compute and takes each kernel's time from its CSV, whatever order the graph
+  ran independent ones in (here a stand-in that runs the step on the CPU and reports the kernels sorted by name)."""
+  from experiments.profile import ncu_kernel_times
+  fake = tmp_path / "ncu"
+  fake.write_text(FAKE_NCU)
+  fake.chmod(0o755)
+  title, rows, note = ncu_kernel_times([str(tiny), "--prompt-tokens", "4", "--warmup", "1"], ncu=str(fake))
+  assert rows and [r.us for r in rows] == [pytest.approx(1.0 + r.index * 1e-3) for r in rows]
+  assert "Nsight Compute" in note and "one decode step" in title
+  with pytest.raises(RuntimeError, match="needs Nsight Compute"): ncu_kernel_times([str(tiny)], ncu=str(tmp_path / "missing"))
