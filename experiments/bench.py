@@ -114,10 +114,10 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   issue_ms, queued_ms = queued(lambda: sampler.queue(rt._decode(slot, at)), rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
-  nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size)
+  moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
+  nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size, moe[0].n_used / moe[0].n_experts if moe else 1.0)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
-  moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
             "switches": cfg.switches(), "profile_file": rt.profile.name if rt.profile else None,
             "matvec_shapes": {"gpu_compiled": len(set(compiled_shapes)), "untuned": untuned_matvec_shapes()},

@@ -3,7 +3,8 @@
 # Installs the carried wheels (.whl: tinygrad, gguf; make them with `make device-wheels`), selects tinygrad's CUDA backend,
 # and builds llama.cpp's llama-bench for sm_90 from the carried source (.lcpp/llama.cpp.tgz, `make device-llama-src`) in
 # the background: about 4 minutes on 16 cores, while tinygrad checks and compiles. `llama_bench_ready` waits for it and
-# sets LLAMA_BENCH. Records go to experiments/journal.jsonl there; `device_journal` copies it to $OUT to be merged here.
+# sets LLAMA_BENCH. experiments/journal.jsonl there becomes a link to $OUT/journal.jsonl, so every record comes back,
+# also from a command cut off at its time limit: merge its new lines here.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DEV=CUDA
 LLAMA_DIR=/tmp/llama.cpp
@@ -21,4 +22,6 @@ llama_bench_ready() {
   else echo "llama-bench did not build:"; tail -5 /tmp/llama_build.log; return 1; fi
 }
 
-device_journal() { cp experiments/journal.jsonl "$OUT/journal.jsonl"; }
+if [ -n "${OUT:-}" ] && [ ! -L experiments/journal.jsonl ]; then
+  cp experiments/journal.jsonl "$OUT/journal.jsonl" && ln -sf "$OUT/journal.jsonl" experiments/journal.jsonl
+fi

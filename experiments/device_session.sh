@@ -3,13 +3,16 @@
 # Steps:
 #   check               GPU against the CPU reference (experiments/device_reference.json); stops the session on a mismatch
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
+#   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default a 22-size grid), the best saved to this
+#                       device's profile (copied to $OUT), which later steps use
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
-# Journal records, profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into experiments/journal.jsonl.
+# Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail
 STRATEGY=${STRATEGY:-packed_words} TOKENS=${TOKENS:-128}
+SIZES=${SIZES:-"8,4,1 8,4,2 8,4,4 8,8,1 8,8,2 16,2,1 16,2,2 16,2,4 16,4,1 16,4,2 16,4,4 32,1,1 32,1,2 32,1,4 32,2,1 32,2,2 32,2,4 64,1,1 64,1,2 64,1,4 128,1,1 128,1,2"}
 source experiments/device_env.sh || exit 1
 model() {   # PRESET[:Q] -> the path of its synthetic file, made once
   local preset=${1%%:*} quant=${1#*:} out
@@ -25,6 +28,9 @@ for step in "$@"; do
     check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" || status=1 ;;
+    tune:*) IFS=: read -r _ type shapes <<< "$step"
+            python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
+              | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready &&
              python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --prompt-tokens 32 --tokens "$TOKENS" --llama-bench "$LLAMA_BENCH" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
@@ -34,5 +40,4 @@ for step in "$@"; do
     *) echo "unknown step $step"; status=1 ;;
   esac
 done
-device_journal
 exit $status

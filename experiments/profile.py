@@ -47,7 +47,7 @@ def buffer_labels(labels: list[tuple[str, LabelKind, object]]) -> Labels:
     if (base := t.uop.base).op is Ops.BUFFER: out.setdefault(base.buffer, []).append((name, kind))  # type: ignore[attr-defined]
   return out
 
-_PRIORITY: dict[str, int] = {"matmul": 0, "cache": 1, "table": 2, "vector": 3}
+_PRIORITY: dict[str, int] = {"matmul": 0, "experts": 0, "cache": 1, "table": 2, "vector": 3}
 
 def _nbytes(u: UOp) -> int | None:
   return math.prod(u.shape) * u.dtype.itemsize if u.shape is not None and all(isinstance(d, int) for d in u.shape) else None
@@ -62,7 +62,7 @@ def _contracts(k: Kernel) -> bool:
   return len(ins) >= 2 and bool(outs) and max(ins) >= 16 * max(outs)
 
 def category(k: Kernel, kinds: set[str]) -> str:
-  if k.is_reduce: return "matmul" if kinds & {"matmul", "cache"} or _contracts(k) else "reduce"
+  if k.is_reduce: return "matmul" if kinds & {"matmul", "experts", "cache"} or _contracts(k) else "reduce"
   return "elementwise" if k.computes else "copy"
 
 def _place(name: str) -> tuple[str, str]:
@@ -90,11 +90,15 @@ def attribute(kernels: list[Kernel], labels: Labels) -> list[tuple[str, str, str
   return [(category(k, {kind for _, kind in r}), b or "-", p[1] if p else "-", tuple(name for name, _ in r))
           for k, r, p, b in zip(kernels, read, places, blocks)]
 
-def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int) -> int:
-  """Bytes of weights one replay reads: every matmul weight it touches whole, one row of an embedding table it only looks up."""
+def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int, experts_read: float = 1.0) -> int:
+  """Bytes of weights one replay reads: every matmul weight it touches whole, the share `experts_read` of expert weights
+  (the experts a token uses of all), one row of an embedding table it only looks up."""
   touched = {b for k in kernels for s in k.call.src[1:] if (b := _buffer(s)) is not None and b in labels}
   kinds = {b: {kind for _, kind in labels[b]} for b in touched}
-  return sum(b.nbytes if "matmul" in kinds[b] else b.nbytes // table_rows for b in touched if kinds[b] & {"matmul", "table"})
+  def read(b: Buffer) -> int:
+    if "matmul" in kinds[b]: return b.nbytes
+    return round(b.nbytes * experts_read) if "experts" in kinds[b] else b.nbytes // table_rows
+  return sum(read(b) for b in touched if kinds[b] & {"matmul", "experts", "table"})
 
 @contextmanager
 def timed_replays(per_call: dict[UOp, list[list[float]]]):
@@ -239,7 +243,7 @@ def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[Kerne
     if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
     profiled = json.loads(r.stdout[r.stdout.index("{"):])
     with open(log) as f: lines = [l for l in f if l.startswith('"')]
-  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * _NS[row["Metric Unit"]])
+  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * _US[row["Metric Unit"]])
               for row in csv.DictReader(lines) if row["Metric Name"] == "gpu__time_duration.sum"]
   rows = [KernelRow(**{**k, "reads": tuple(k["reads"])}) for k in profiled["kernels"]]
   # a graph runs independent nodes in any order: the i-th time of a name goes to the i-th kernel of that name
@@ -250,4 +254,4 @@ def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[Kerne
   note = "Times are each kernel's own device time as Nsight Compute measured it inside its graph, launch gaps excluded."
   return profiled["title"], [replace(r, us=by_name[r.name].pop(0), batched=False) for r in rows], note
 
-_NS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way

@@ -10,7 +10,7 @@ from quant.linear import QuantExperts, QuantLinear, StrategyPlan
 from quant.qtensor import QTensor, concat_rows
 
 SKIPPABLE = ("attention", "ffn")   # component isolation: blocks leave these out of the residual stream
-LabelKind = Literal["matmul", "vector", "table", "cache"]
+LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts: a matmul of which a token reads a few
 
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
@@ -55,7 +55,7 @@ class Weights:
     weight = weights[0] if len(weights) == 1 else concat_rows(weights)
     name = names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
     self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.rounding))
-    for t in linear.device_tensors: self.label(name, "matmul", t)
+    for t in linear.device_tensors: self.label(name, "experts", t)
     return linear
 
   def projections(self, names: list[str], outs: list[int], in_features: int) -> "Projections":

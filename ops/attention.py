@@ -1,9 +1,14 @@
 """Scaled dot-product attention over a KV cache.
 
-Layouts: q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; Hq is a multiple of Hkv and query head h reads kv head
-h // (Hq // Hkv) (grouped-query attention). Query row i sits at absolute position start_pos + i and key column j at
-position j, so with a cache S = start_pos + T. Key j is visible to query i when j <= start_pos + i, and with a sliding
-window also when j > start_pos + i - window. start_pos may be a bound symbolic variable (TinyJit decode).
+Layouts: q [B, Hq, T, D], caches k [B, Hkv, L, D] and v [B, Hkv, L, Dv] (L positions allocated, a multiple of CHUNK);
+Hq is a multiple of Hkv and query head h reads kv head h // (Hq // Hkv) (grouped-query attention). Query row i sits at
+absolute position start_pos + i and key column j at position j; the cache holds start_pos + T valid positions. Key j is
+visible to query i when j <= start_pos + i, and with a sliding window also when j > start_pos + i - window. start_pos
+may be a bound symbolic variable (TinyJit decode).
+
+Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest. The sums over
+positions then have a static inner axis that a GPU spreads over threads; over the valid prefix alone (a symbolic
+length) each thread walked every position in turn, one load after the other (15 us a layer on an H100).
 
 Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. A sink (gpt-oss) is one learned
 logit per query head that joins the softmax denominator and contributes no value.
@@ -12,22 +17,27 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from tinygrad.uop.ops import sint
 
+CHUNK = 64
+
+def cache_positions(max_ctx: int) -> int:
+  """Positions a cache allocates for max_ctx: whole chunks."""
+  return -(-max_ctx // CHUNK) * CHUNK
+
 def write_positions(buf: Tensor, x: Tensor, start_pos: sint) -> Tensor:
-  """Write x [..., T, D] into the cache buffer [..., max_ctx, D] at positions start_pos..start_pos+T, in place.
-  Returns the valid prefix [..., :start_pos+T, D]."""
-  end = start_pos + x.shape[-2]
-  buf[..., start_pos:end, :].assign(x.cast(buf.dtype))
-  return buf[..., :end, :]
+  """Write x [..., T, D] into the cache buffer [..., L, D] at positions start_pos..start_pos+T, in place; returns buf."""
+  buf[..., start_pos:start_pos + x.shape[-2], :].assign(x.cast(buf.dtype))
+  return buf
 
 class KVCache:
-  """Per-layer key and value caches, k [B, Hkv, max_ctx, D] and v [B, Hkv, max_ctx, Dv], zero-initialised on the device.
-  Where D == Dv they are the two halves of one buffer [2, B, Hkv, max_ctx, D], so a step writes both in one kernel."""
+  """Per-layer key and value caches, k [B, Hkv, L, D] and v [B, Hkv, L, Dv] with L = cache_positions(max_ctx),
+  zero-initialised on the device. Where D == Dv they are the two halves of one buffer [2, B, Hkv, L, D], so a step
+  writes both in one kernel."""
   def __init__(self, batch: int, kv_heads: int, max_ctx: int, head_dim: int, v_head_dim: int|None = None,
                dtype: DTypeLike = dtypes.float32, device: str|None = None):
-    v_head_dim = v_head_dim or head_dim
-    self.kv = Tensor.zeros(2, batch, kv_heads, max_ctx, head_dim, dtype=dtype, device=device).realize() if v_head_dim == head_dim else None
+    v_head_dim, L = v_head_dim or head_dim, cache_positions(max_ctx)
+    self.kv = Tensor.zeros(2, batch, kv_heads, L, head_dim, dtype=dtype, device=device).realize() if v_head_dim == head_dim else None
     if self.kv is not None: self.k, self.v = self.kv[0], self.kv[1]
-    else: self.k, self.v = (Tensor.zeros(batch, kv_heads, max_ctx, d, dtype=dtype, device=device).realize() for d in (head_dim, v_head_dim))
+    else: self.k, self.v = (Tensor.zeros(batch, kv_heads, L, d, dtype=dtype, device=device).realize() for d in (head_dim, v_head_dim))
 
   def update(self, k: Tensor, v: Tensor, start_pos: sint) -> tuple[Tensor, Tensor]:
     if self.kv is None: return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
@@ -36,31 +46,38 @@ class KVCache:
     kv = write_positions(self.kv, both, start_pos)
     return kv[0], kv[1]
 
+def _chunks(cache: Tensor, n: sint) -> Tensor:
+  """[B, H, L, D] -> its first n chunks, [B, H, 1, 1, n, CHUNK, D] (beside the query group and query axes)."""
+  B, H, L, D = cache.shape
+  return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
+
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None) -> Tensor:
-  (B, Hq, T, D), Hkv, S = q.shape, k.shape[1], k.shape[2]
+  (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
-  # group the query heads of each kv head on their own axis so k and v broadcast instead of being repeated
-  qg = q.reshape(B, Hkv, Hq // Hkv, T, D)
-  logits = qg.matmul(k.unsqueeze(2).transpose(-1, -2), dtype=dtypes.float32) * scale
+  if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
+  n = (start_pos + T + CHUNK - 1) // CHUNK
+  # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated
+  qg = q.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D)
+  logits = (qg.cast(dtypes.float32) * _chunks(k, n).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = (logits / softcap).tanh() * softcap
-  # arange over a symbolic length lowers to a quadratic cumsum kernel, so take the static arange of the longest S and shrink it
-  qpos, kpos = Tensor.arange(T).unsqueeze(-1) + start_pos, Tensor.arange(k.max_shape[2]).shrink_to((S,))
+  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
+  qpos = (Tensor.arange(T) + start_pos).reshape(T, 1, 1)
   visible = kpos <= qpos
   if window is not None: visible = visible & (kpos > qpos - window)
   logits = visible.where(logits, float("-inf"))
   # softmax with the division after the value matmul: one kernel fewer than normalizing the weights first.
   # A sink adds exp(sink) to the denominator only.
-  peak = logits.max(axis=-1, keepdim=True)
-  sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1)
+  peak = logits.max(axis=(-2, -1), keepdim=True)
+  sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1, 1)
   if sink is not None: peak = peak.maximum(sink)
   e = (logits - peak).exp()
-  sink_term = 0 if sink is None else (sink - peak).exp()
-  vg = v.unsqueeze(2)
+  sink_term = 0 if sink is None else (sink - peak).squeeze(-1).exp()
+  vc = _chunks(v, n)
   if v.dtype == dtypes.float32:
     # the denominator as one more output column of the value matmul (v with a column of ones): one kernel, not two
-    ev = e @ vg.pad(((0, 0),) * (vg.ndim - 1) + ((0, 1),), value=1.0)
+    ev = (e.unsqueeze(-1) * vc.pad(((0, 0),) * (vc.ndim - 1) + ((0, 1),), value=1.0)).sum(axis=(-3, -2))
     out = ev[..., :-1] / (ev[..., -1:] + sink_term)
   else:   # a half cache (ggml rounding) meets e rounded to half, as llama.cpp does, while the denominator stays float32
-    out = (e.cast(v.dtype) @ vg) / (e.sum(axis=-1, keepdim=True) + sink_term)
+    out = (e.cast(v.dtype).unsqueeze(-1) * vc).sum(axis=(-3, -2), dtype=dtypes.float32) / (e.sum(axis=(-2, -1)).unsqueeze(-1) + sink_term)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

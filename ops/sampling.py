@@ -48,13 +48,15 @@ def penalize(logits: Tensor, recent: Tensor, penalty: float) -> Tensor:
   seen = (recent.unsqueeze(-1) == Tensor.arange(logits.shape[-1])).any(axis=0)
   return seen.where((logits > 0).where(logits / penalty, logits * penalty), logits)
 
-def first_argmax(x: Tensor, groups: int = 512) -> Tensor:
+def first_argmax(x: Tensor) -> Tensor:
   """Index of the first maximum of x [V] (V < 2^21) as an int32 scalar, in two kernels where Tensor.argmax takes three:
   each value and its index become one float64 key, an integer below 2^53 so exact, whose maximum is the largest value
-  at its lowest index (the float's bits made order-preserving, times 2^21, minus the index); group maxima first keep
-  that kernel wide enough to fill a GPU (one output reducing every value would run on one thread). Keys are float64,
-  not int64: tinygrad writes int64's max identity as a literal C compilers warn about."""
-  n, span = math.ceil(x.shape[-1] / groups), float(1 << 21)
+  at its lowest index (the float's bits made order-preserving, times 2^21, minus the index). The first kernel takes
+  the maxima of groups of at least 16 values, up to 8192 groups: a GPU thread walks a group alone, one load after the
+  other, so long groups are slow (512 groups of 251 values took 120 us of an H100's decode step) and few groups
+  leave it idle. Keys are float64, not int64: tinygrad writes int64's max identity as a literal C compilers warn about."""
+  n, span = max(16, math.ceil(x.shape[-1] / 8192)), float(1 << 21)
+  groups = math.ceil(x.shape[-1] / n)
   if groups * n > span: raise ValueError(f"first_argmax takes at most {1 << 21} values, got {x.shape[-1]}")
   bits = x.cast(dtypes.float32).pad((0, groups * n - x.shape[-1]), value=-float("inf")).bitcast(dtypes.int32)
   ordered = (bits < 0).where(bits ^ 0x7FFFFFFF, bits).cast(dtypes.float64)   # negative floats: larger magnitude, smaller key
@@ -71,8 +73,8 @@ def _raise_floor(logits: Tensor, floor: Tensor, enough: Callable[[Tensor], Tenso
     width = width / _WAYS
   return floor
 
-def sample(logits: Tensor, u: Tensor, recent: Tensor|None, params: SamplerParams) -> Tensor:
-  """logits [V], u [1] uniform in [0, 1), recent [n] int32 or None -> token id, an int32 scalar."""
+def sample(logits: Tensor, u: Tensor|None, recent: Tensor|None, params: SamplerParams) -> Tensor:
+  """logits [V], u [1] uniform in [0, 1) (None at temperature 0), recent [n] int32 or None -> token id, an int32 scalar."""
   logits = logits.cast(dtypes.float32)
   if recent is not None and params.repeat_penalty != 1: logits = penalize(logits, recent, params.repeat_penalty)
   if params.temperature == 0: return first_argmax(logits)
@@ -97,13 +99,14 @@ class Sampler:
     self.recent.append(token)
 
   def queue(self, logits: Tensor) -> Tensor:
-    """Samples on the device: the token as a device scalar, not waited for (and not recorded for the repeat penalty)."""
-    n = self.params.repeat_last_n
-    if self._u is None:
-      self._u = DeviceSlot((1,), dtypes.float32, logits.device)
-      self._recent = DeviceSlot((n,), dtypes.int32, logits.device) if n else None
+    """Samples on the device: the token as a device scalar, not waited for (and not recorded for the repeat penalty).
+    Only the inputs the pipeline reads are written: each write is a host-to-device copy on every token."""
+    p, n = self.params, self.params.repeat_last_n
+    if self._u is None and p.temperature > 0: self._u = DeviceSlot((1,), dtypes.float32, logits.device)
+    if self._recent is None and n and p.repeat_penalty != 1: self._recent = DeviceSlot((n,), dtypes.int32, logits.device)
+    u = self._u.write(self.rng.random(1, dtype=np.float32)) if self._u is not None else None
     recent = self._recent.write(list(self.recent) + [-1] * (n - len(self.recent))) if self._recent is not None else None
-    return self.jit(logits.contiguous(), self._u.write(self.rng.random(1, dtype=np.float32)), recent)
+    return self.jit(logits.contiguous(), u, recent)
 
   def __call__(self, logits: Tensor) -> int:
     token = int(read_scalar(self.queue(logits)))

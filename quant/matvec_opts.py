@@ -152,9 +152,24 @@ def _cpu_matvec(k: Scheduler) -> Scheduler | None:
   for opt in opts: tuned.apply_opt(opt)
   return tuned
 
+CHUNK_THREADS = 16
+
+def gpu_chunked_reduce(k: Scheduler) -> Scheduler | None:
+  """A sum or max over a symbolic number of chunks of static length (attention over the valid part of a KV cache):
+  tinygrad's heuristic leaves the positions to one thread each, which walks them all in turn; this GROUPs the chunk
+  axis over CHUNK_THREADS threads first, then lets the heuristic do the rest. None for other kernels."""
+  reduces = k.axes_of(AxisType.REDUCE)
+  if k.reduceop is None or all(isinstance(k.full_shape[a], int) for a in reduces): return None
+  static = [a for a in reduces if isinstance(n := k.full_shape[a], int) and n % CHUNK_THREADS == 0]
+  if not static: return None
+  tuned = k.copy()
+  tuned.apply_opt(Opt(OptOps.GROUP, reduces.index(max(static, key=lambda a: k.full_shape[a])), CHUNK_THREADS))
+  return _tinygrad_heuristic(tuned)
+
 def _optimize(k: Scheduler) -> Scheduler:
   try:
     if not k.ren.has_local: tuned = _cpu_matvec(k)
-    else: tuned = gpu_matvec(k, *gpu_matvec_sizes(k)) if matvec_row_axis(k) is not None else None
+    elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *gpu_matvec_sizes(k))
+    else: tuned = gpu_chunked_reduce(k)
   except KernelOptError: tuned = None
   return tuned if tuned is not None else _tinygrad_heuristic(k)

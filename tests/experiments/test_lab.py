@@ -100,7 +100,7 @@ sys.stdout.write(out)
 kernels = json.loads(out[out.index("{"):])["kernels"]
 with open(log, "w") as f:
   f.write('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\\n')
-  for k in sorted(kernels, key=lambda k: k["name"]): f.write(f'"{k["index"]}","{k["name"]}","gpu__time_duration.sum","nsecond","{1000 + k["index"]:,}"\\n')
+  for k in sorted(kernels, key=lambda k: k["name"]): f.write(f'"{k["index"]}","{k["name"]}","gpu__time_duration.sum","ns","{1000 + k["index"]:,}"\\n')
 '''
 
 def test_profile_ncu_reads_device_times(tiny: Path, tmp_path: Path):
@@ -114,3 +114,19 @@ def test_profile_ncu_reads_device_times(tiny: Path, tmp_path: Path):
   assert rows and [r.us for r in rows] == [pytest.approx(1.0 + r.index * 1e-3) for r in rows]
   assert "Nsight Compute" in note and "one decode step" in title
   with pytest.raises(RuntimeError, match="needs Nsight Compute"): ncu_kernel_times([str(tiny)], ncu=str(tmp_path / "missing"))
+
+def test_bytes_per_token_count_only_the_experts_a_token_uses(tmp_path: Path):
+  """A MoE token reads every dense matmul weight, k of the n experts and one embedding row (packed_dot reads the GGUF
+  blocks as they are, so the file's tensor sizes are what it reads)."""
+  from quant.gguf_file import GGUFFile
+  path = synthesize("mixtral-8x7b-tiny", tmp_path / "moe.gguf", quant="Q8_0")
+  g = GGUFFile(path)
+  used, n = g.require("llama.expert_used_count"), g.require("llama.expert_count")
+  sizes = {name: t.nbytes for name, t in g.tensors.items()}
+  experts = sum(v for k, v in sizes.items() if "_exps" in k)
+  dense = sum(v for k, v in sizes.items() if k.startswith("blk.") and k.endswith(".weight") and "_exps" not in k and "norm" not in k
+              and "ffn_gate_inp" not in k)
+  router = sum(v for k, v in sizes.items() if "ffn_gate_inp" in k)
+  head = sizes["output.weight"] + sizes["token_embd.weight"] // g.require("llama.vocab_size")
+  record = bench(path, "moe", SMALL)
+  assert record["metrics"]["bytes_per_token"] == dense + router + head + round(experts * used / n)

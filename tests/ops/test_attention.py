@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp
-from ops.attention import KVCache, attention
+from ops.attention import CHUNK, KVCache, attention
 
 B, HQ, HKV, D, DV = 2, 4, 2, 8, 6
 
@@ -22,19 +22,29 @@ def ref_attention(q, k, v, start_pos, scale, window=None, sinks=None, softcap=No
 def qkv(rng: np.random.Generator, T: int, S: int) -> tuple[np.ndarray, ...]:
   return tuple(rng.normal(size=s).astype(np.float32) for s in ((B, HQ, T, D), (B, HKV, S, D), (B, HKV, S, DV)))
 
+def in_cache(rng: np.random.Generator, a: np.ndarray, chunks: int) -> Tensor:
+  """a [B, H, S, d] as the first S positions of a cache of whole chunks, the rest large garbage the mask must hide."""
+  rest = rng.normal(size=(*a.shape[:2], chunks * CHUNK - a.shape[2], a.shape[3])).astype(np.float32) * 1e3
+  return Tensor(np.concatenate([a, rest], axis=2))
+
 @pytest.mark.parametrize("features", [{}, {"window": 3}, {"sinks": True}, {"softcap": 2.0}, {"window": 2, "sinks": True, "softcap": 3.0}],
                          ids=["gqa-causal", "window", "sinks", "softcap", "all"])
-def test_attention(seed, rng, features):
-  # 4 queries at positions 5..8 over 9 keys: the causal mask is offset by start_pos
-  q, k, v = qkv(rng, 4, 9)
+@pytest.mark.parametrize("start_pos", [5, CHUNK + 3], ids=["one-chunk", "two-chunks"])
+def test_attention(seed, rng, features, start_pos):
+  # 4 queries at positions start_pos.. over start_pos + 4 keys: the causal mask is offset by start_pos
+  q, k, v = qkv(rng, 4, start_pos + 4)
   sinks = rng.normal(size=HQ).astype(np.float32) * 2 if features.get("sinks") else None
   kw = {"window": features.get("window"), "softcap": features.get("softcap")}
-  out = attention(Tensor(q), Tensor(k), Tensor(v), 5, scale=D ** -0.5, sinks=None if sinks is None else Tensor(sinks), **kw)
-  ref = ref_attention(q, k, v, 5, D ** -0.5, sinks=sinks, **kw)
+  out = attention(Tensor(q), in_cache(rng, k, 3), in_cache(rng, v, 3), start_pos, scale=D ** -0.5,
+                  sinks=None if sinks is None else Tensor(sinks), **kw)
+  ref = ref_attention(q, k, v, start_pos, D ** -0.5, sinks=sinks, **kw)
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5, err_msg=f"{features} seed={seed}")
 
-def test_attention_rejects_uneven_groups():
-  with pytest.raises(ValueError): attention(Tensor.zeros(1, 3, 1, D), Tensor.zeros(1, 2, 1, D), Tensor.zeros(1, 2, 1, D), 0, scale=1.0)
+def test_attention_rejects_uneven_groups_and_partial_chunks():
+  with pytest.raises(ValueError, match="multiple of kv heads"):
+    attention(Tensor.zeros(1, 3, 1, D), Tensor.zeros(1, 2, CHUNK, D), Tensor.zeros(1, 2, CHUNK, D), 0, scale=1.0)
+  with pytest.raises(ValueError, match="whole chunks"):
+    attention(Tensor.zeros(1, 2, 1, D), Tensor.zeros(1, 2, 9, D), Tensor.zeros(1, 2, 9, D), 0, scale=1.0)
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_kv_cache_prefill_then_decode(seed, rng, jit):
