@@ -34,6 +34,7 @@ class BenchConfig:
   strategy: str = "packed_dot"      # a StrategyPlan spec: "fused", "packed_dot,Q6_K=split", "packed_dot,ffn=split"
   rounding: str = "exact"
   fuse: bool = True
+  norm_break: bool = False          # each RMS norm's output realized before the matmul that reads it
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
@@ -47,7 +48,8 @@ class BenchConfig:
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "row_upcast": self.row_upcast, "skip": list(self.skip),
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm_break": self.norm_break, "row_upcast": self.row_upcast,
+            "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
 
@@ -59,7 +61,7 @@ class BenchConfig:
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile)
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm_break=self.norm_break)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""

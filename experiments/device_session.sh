@@ -8,6 +8,7 @@
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
+# A bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm-break): --SWITCH for each.
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail
@@ -22,8 +23,11 @@ model() {   # PRESET[:Q] -> the path of its synthetic file, made once
   echo "$out"
 }
 status=0
-for step in "$@"; do
-  echo "=== $step ($(date +%T))"
+for item in "$@"; do
+  echo "=== $item ($(date +%T))"
+  IFS=+ read -r step switches <<< "$item"
+  flags=()
+  for sw in ${switches//+/ }; do flags+=("--$sw"); done
   case $step in
     check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
@@ -32,11 +36,11 @@ for step in "$@"; do
             python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready &&
-             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --prompt-tokens 32 --tokens "$TOKENS" --llama-bench "$LLAMA_BENCH" || status=1 ;;
+             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" "${flags[@]}" --prompt-tokens 32 --tokens "$TOKENS" --llama-bench "$LLAMA_BENCH" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
-               JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
+               JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&
-           python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
+           python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu "${flags[@]}" > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

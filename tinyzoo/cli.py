@@ -75,7 +75,8 @@ def bench_config(args):
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   StrategyPlan.parse(args.strategy)
   return BenchConfig(prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup, ctx=args.ctx, strategy=args.strategy,
-                     rounding=args.rounding, fuse=not args.no_fuse, row_upcast=args.row_upcast, skip=tuple(args.skip), topk=args.topk, beam=args.beam,
+                     rounding=args.rounding, fuse=not args.no_fuse, norm_break=args.norm_break, row_upcast=args.row_upcast, skip=tuple(args.skip),
+                     topk=args.topk, beam=args.beam,
                      jit_batch_size=args.jit_batch_size, requant=args.requant, profile=not args.no_profile,
                      bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
@@ -137,6 +138,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                       f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
                       f"see README). Default {rounding}")
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
+  s.add_argument("--norm-break", action="store_true", help="realize each RMS norm's output before the matmul that reads it: one more small "
+                 "kernel per norm; the matvec then reads a plain vector (fewer registers on a GPU)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
                  help="how MoE routing picks its experts: pairwise (rank comparisons, 3 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): GPU matvecs get the "
