@@ -51,10 +51,7 @@ class Weights:
     Several names (gate and up) become one matmul over their joined rows, as `projections` does."""
     weights = [self._load(f"{n}.weight", (n_experts, o, in_features)) for n, o in zip(names, outs)]
     biases = [self._load(f"{n}.bias", (n_experts, o)).dequantize() if self.has(f"{n}.bias") else None for n, o in zip(names, outs)]
-    bias = None if all(b is None for b in biases) else \
-      Tensor.cat(*[b if b is not None else Tensor.zeros(n_experts, o) for b, o in zip(biases, outs)], dim=1).realize()
-    weight = weights[0] if len(weights) == 1 else concat_rows(weights)
-    name = names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
+    weight, bias, name = _joined(names, weights, biases)
     self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.rounding))
     for t in linear.device_tensors: self.label(name, "experts", t)
     return linear
@@ -67,10 +64,8 @@ class Weights:
     for i, w in enumerate(weights): groups.setdefault(w.ggml_type if self.fuse else i, []).append(i)
     fused = []
     for members in groups.values():
-      bias = None if all(biases[i] is None for i in members) else \
-        Tensor.cat(*[biases[i] if biases[i] is not None else Tensor.zeros(outs[i]) for i in members]).realize()
-      joined = names[members[0]] + "".join("+" + names[i].rsplit(".", 1)[-1] for i in members[1:])
-      fused.append((members, self.over(weights[members[0]] if len(members) == 1 else concat_rows([weights[i] for i in members]), joined, bias)))
+      weight, bias, name = _joined([names[i] for i in members], [weights[i] for i in members], [biases[i] for i in members])
+      fused.append((members, self.over(weight, name, bias)))
     return Projections(fused, outs)
 
   def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
@@ -88,6 +83,14 @@ class Weights:
     qt = self._load(name, (rows, cols))
     self.label(name.removesuffix(".weight"), "table", qt.blocks)
     return qt
+
+def _joined(names: list[str], weights: list[QTensor], biases: list[Tensor | None]) -> tuple[QTensor, Tensor | None, str]:
+  """Weights [..., out_i, in] as one over their joined rows, their biases [..., out_i] likewise (zeros where one has
+  none), and the joined name: 'blk.0.ffn_gate+ffn_up'."""
+  weight = weights[0] if len(weights) == 1 else concat_rows(weights)
+  bias = None if all(b is None for b in biases) else \
+    Tensor.cat(*[b if b is not None else Tensor.zeros(*w.shape[:-1]) for b, w in zip(biases, weights)], dim=-1).realize()
+  return weight, bias, names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
 
 class Projections:
   """Calls its matmuls on one input and returns each projection's output, in the order they were named."""
