@@ -18,7 +18,7 @@ from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
 from models.moe import MoE
-from models.runtime import Runtime
+from models.runtime import Runtime, Timing
 from ops.topk import topk_by_name
 from quant.linear import StrategyPlan
 from quant.requant import requantized_copy
@@ -103,17 +103,16 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   for _ in range(3):   # eager (compiles), capture, replay
     t0 = time.perf_counter(); logits = rt.prefill(prompt); logits.realize(); Device[logits.device].synchronize()
     prefill_times.append(time.perf_counter() - t0)
-  sampler = Sampler(SamplerParams(temperature=0))
-  token, pos, steps = sampler(logits), cfg.prompt_tokens, []
-  for i in range(2 + cfg.warmup + cfg.tokens):   # call 0 compiles, call 1 captures
-    t0 = time.perf_counter()
-    token = sampler(rt.decode(token, pos + i))
-    steps.append(time.perf_counter() - t0)
+  # the generation loop as `run` has it (sampled tokens stay on the device, read back in batches), greedy, no stop token
+  sampler, timing = Sampler(SamplerParams(temperature=0)), Timing()
+  for _ in rt.continue_from(logits, cfg.prompt_tokens, 3 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
+  steps = timing.steps   # decode 0 compiles, decode 1 captures
   timed = steps[2 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
-  # the same step without the host's token round trip: decode and sampling queued back to back on one token and position
-  slot, at = rt._decode_token.write(token), rt._decode_pos.bind(pos + len(steps))
-  issue_ms, queued_ms = queued(lambda: sampler.queue(rt._decode(slot, at)), rt.device or Device.DEFAULT, cfg.tokens)
+  # the same steps queued back to back at one position, never read: the device's time per step where the host keeps ahead
+  chain = [sampler.queue(logits)]
+  def step(): chain[0] = sampler.queue(rt.decode(chain[0], cfg.prompt_tokens))
+  issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]

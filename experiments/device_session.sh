@@ -2,6 +2,7 @@
 #   bash experiments/device_session.sh STEP...      (carry [".whl", ".lcpp"]; `make device-wheels device-llama-src` here)
 # Steps:
 #   check               GPU against the CPU reference (experiments/device_reference.json); stops the session on a mismatch
+#   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
 #   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default a 22-size grid), the best saved to this
 #                       device's profile (copied to $OUT), which later steps use
@@ -15,11 +16,23 @@ set -uo pipefail
 STRATEGY=${STRATEGY:-packed_words} TOKENS=${TOKENS:-128}
 SIZES=${SIZES:-"8,4,1 8,4,2 8,4,4 8,8,1 8,8,2 16,2,1 16,2,2 16,2,4 16,4,1 16,4,2 16,4,4 32,1,1 32,1,2 32,1,4 32,2,1 32,2,2 32,2,4 64,1,1 64,1,2 64,1,4 128,1,1 128,1,2"}
 source experiments/device_env.sh || exit 1
-model() {   # PRESET[:Q] -> the path of its synthetic file, made once
-  local preset=${1%%:*} quant=${1#*:} out
+declare -A making   # model path -> pid of its background synthesis
+model_path() {   # PRESET[:Q] -> where its synthetic file goes
+  local preset=${1%%:*} quant=${1#*:}
   [ "$quant" = "$1" ] && quant=""
-  out=/tmp/models/$preset${quant:+.$quant}.gguf
-  [ -f "$out" ] || python3 -m tinyzoo synth "$preset" ${quant:+--quant $quant} -o "$out" >&2 || return 1
+  echo "/tmp/models/$preset${quant:+.$quant}.gguf"
+}
+synthesize() {   # PRESET[:Q] PATH
+  local preset=${1%%:*} quant=${1#*:}
+  [ "$quant" = "$1" ] && quant=""
+  python3 -m tinyzoo synth "$preset" ${quant:+--quant $quant} -o "$2" >&2
+}
+model() {   # PRESET[:Q] -> the path of its synthetic file, made once (waiting for a background synthesis of it)
+  local out
+  out=$(model_path "$1")
+  # called in a subshell, which cannot `wait` for its parent's children
+  if [ -n "${making[$out]:-}" ]; then while kill -0 "${making[$out]}" 2>/dev/null; do sleep 1; done; fi
+  [ -f "$out" ] || synthesize "$1" "$out" || return 1
   echo "$out"
 }
 status=0
@@ -29,6 +42,8 @@ for item in "$@"; do
   flags=()
   for sw in ${switches//+/ }; do flags+=("--$sw"); done
   case $step in
+    synth:*) out=$(model_path "${step#synth:}")
+             [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
     check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" || status=1 ;;

@@ -13,7 +13,7 @@ from models.tokenizer import Tokenizer
 from models.weights import Weights
 from ops import cuda_graph
 from ops.host_io import DeviceSlot
-from ops.sampling import Sampler
+from ops.sampling import READBACK, Sampler
 from quant.gguf_file import GGUFFile
 from quant.linear import StrategyPlan
 from profiles.device import use_device_profile
@@ -79,9 +79,9 @@ class Runtime:
     assert logits is not None
     return logits
 
-  def decode(self, token: int, pos: int) -> Tensor:
-    """Logits [1, vocab] after feeding `token` at position `pos`."""
-    return self._decode(self._decode_token.write(token), self._decode_pos.bind(pos))
+  def decode(self, token: int | Tensor, pos: int) -> Tensor:
+    """Logits [1, vocab] after feeding `token` (an id, or a [1, 1] int32 device tensor such as a sampled one) at `pos`."""
+    return self._decode(token if isinstance(token, Tensor) else self._decode_token.write(token), self._decode_pos.bind(pos))
 
   def kernels_per_token(self, sampler: Sampler | None = None) -> int:
     """Kernels one decoded token replays: the decode JIT plus the sampler's, once both have captured."""
@@ -98,14 +98,26 @@ class Runtime:
     timing.prompt_tokens, timing.prompt_s = len(ids), time.perf_counter() - t0
     yield from self.continue_from(logits, len(ids), n, sampler, timing)
 
-  def continue_from(self, logits: Tensor, pos: int, n: int, sampler: Sampler, timing: Timing | None = None) -> Iterator[int]:
-    """Samples from `logits` (those of position pos-1), then decodes on: up to n tokens."""
+  def continue_from(self, logits: Tensor, pos: int, n: int, sampler: Sampler, timing: Timing | None = None,
+                    stop_ids: frozenset[int] | None = None) -> Iterator[int]:
+    """Samples from `logits` (those of position pos-1), then decodes on: up to n tokens, ending after a stop token (the
+    tokenizer's end-of-generation ids unless `stop_ids` says otherwise). Each sampled token stays on the device as the
+    next step's input; the host queues steps without waiting and reads the tokens back in batches (one step at a time
+    while the JITs compile and capture): a stop token ends the work at the end of its batch."""
     timing = timing or Timing()
-    token = sampler(logits)
-    for i in range(n):
-      yield token
-      if token in self.tokenizer.stop_ids or i == n - 1: break
+    stop_ids = self.tokenizer.stop_ids if stop_ids is None else stop_ids
+    done, token = 0, None   # the last sampled token, on the device
+    while done < n:
+      batch = min(n - done, 1 if done < 3 else READBACK)
+      sampler.prepare(batch, logits.device)
       t0 = time.perf_counter()
-      token = sampler(self.decode(token, pos + i))
-      timing.steps.append(time.perf_counter() - t0)
-    timing.kernels_per_token = self.kernels_per_token(sampler)
+      for i in range(done, done + batch):
+        token = sampler.queue(logits if token is None else self.decode(token, pos + i - 1))
+      tokens = sampler.collect(batch)
+      step_s = (time.perf_counter() - t0) / max(batch - (done == 0), 1)   # the first token needs no decode step
+      timing.kernels_per_token = self.kernels_per_token(sampler)
+      for i, t in enumerate(tokens, start=done):
+        if i: timing.steps.append(step_s)
+        yield t
+        if t in stop_ids: return
+      done += batch

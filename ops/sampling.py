@@ -13,20 +13,26 @@ top_k=0 (or >= V), top_p=1 and repeat_penalty=1 switch their step off. Ties at a
 
 `sample` is a deterministic function of (logits, u, recent); `Sampler` owns the seeded numpy Generator that draws u, the
 window of recent tokens, and a TinyJit of `sample`. The same seed and the same logits give the same tokens.
+
+The sampled token stays on the device: the JIT writes it to a ring of the last tokens there, which is also the repeat
+penalty's window, and returns it as the next decode step's input. The host queues steps without waiting and reads the
+ring once per batch of steps (`collect`): a read per token costs a whole host round trip, 0.35 of llama3.2-1b's 1.58 ms
+a token on an H100. The u of the coming steps are drawn in step order and written before the batch (`prepare`).
 The top-k and top-p thresholds come from a multi-way search over the logit range instead of a sort of the vocabulary:
 each pass tests _WAYS thresholds at once and keeps the highest that still passes, so the threshold is exact unless two
 logits lie within range / _WAYS**_PASSES of each other (then the lower one is kept too).
 """
 import collections
-import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
-from ops.host_io import DeviceSlot, read_scalar
+from tinygrad.uop.ops import UOp
+from ops.host_io import DeviceSlot
 
 _WAYS, _PASSES = 32, 7
+READBACK = 32   # the most steps queued between two reads of the sampled tokens
 
 @dataclass(frozen=True)
 class SamplerParams:
@@ -74,8 +80,8 @@ def _raise_floor(logits: Tensor, floor: Tensor, enough: Callable[[Tensor], Tenso
   return floor
 
 def sample(logits: Tensor, u: Tensor|None, recent: Tensor|None, params: SamplerParams) -> Tensor:
-  """logits [V], u [1] uniform in [0, 1) (None at temperature 0), recent [n] int32 or None -> token id, an int32 scalar."""
-  logits = logits.cast(dtypes.float32)
+  """logits [V] (or [1, V]), u [1] uniform in [0, 1) (None at temperature 0), recent [n] int32 or None -> token id, an int32 scalar."""
+  logits = logits.reshape(logits.shape[-1]).cast(dtypes.float32)   # one row, [1, V] from a decode step as well
   if recent is not None and params.repeat_penalty != 1: logits = penalize(logits, recent, params.repeat_penalty)
   if params.temperature == 0: return first_argmax(logits)
   floor = logits.isinf().where(float("inf"), logits).min()  # banned (-inf) tokens must not stretch the search range
@@ -90,25 +96,62 @@ class Sampler:
   def __init__(self, params: SamplerParams, seed: int|None = None):
     self.params, self.rng = params, np.random.default_rng(seed)
     self.recent: collections.deque[int] = collections.deque(maxlen=params.repeat_last_n)
-    self.jit = TinyJit(functools.partial(sample, params=params))
-    self._u: DeviceSlot | None = None
-    self._recent: DeviceSlot | None = None
+    self.jit = TinyJit(self._step)
+    self.ring_size = max(READBACK, params.repeat_last_n)
+    self._step_var = UOp.variable("sample_step", 0, self.ring_size - 1)
+    self._steps = 0                        # steps queued so far; step i writes ring slot i % ring_size
+    self._ring: DeviceSlot | None = None   # int32 [ring_size]: the last tokens, -1 where none
+    self._u: DeviceSlot | None = None      # float32 [ring_size]: each step's draw, in its slot
+    self._ring_stale = True                # tokens were accepted on the host since the ring was written
 
   def accept(self, token: int):
     """Record a token (prompt or generated) for the repeat penalty."""
     self.recent.append(token)
+    self._ring_stale = True
+
+  def _step(self, logits: Tensor, slot: UOp) -> Tensor:
+    assert self._ring is not None
+    ring, p, n = self._ring.tensor, self.params, self.params.repeat_last_n
+    # the slot stays a symbolic value inside expressions: a tensor made of it would be a kernel of its own
+    u = self._u.tensor.shrink(((slot, slot + 1),)) if self._u is not None else None
+    recent = ring[(Tensor.arange(n, dtype=dtypes.int32) * -1 + (slot - 1)) % self.ring_size] if n and p.repeat_penalty != 1 else None
+    token = sample(logits, u, recent, p)
+    ring.assign((Tensor.arange(self.ring_size, dtype=dtypes.int32) == slot).where(token, ring))
+    out = token.reshape(1, 1)
+    Tensor.realize(out, ring)
+    return out
+
+  def prepare(self, steps: int, device: str | None = None):
+    """Before queueing `steps` steps: the ring holds the recent tokens the host accepted, the draws of those steps are written."""
+    if steps > self.ring_size: raise ValueError(f"at most {self.ring_size} steps between reads, got {steps}")
+    if self._ring is None: self._ring = DeviceSlot((self.ring_size,), dtypes.int32, device)
+    if self._ring_stale:   # the last tokens end in the slot before the next step's
+      slots = [(self._steps - 1 - i) % self.ring_size for i in range(len(self.recent))]
+      ring = np.full(self.ring_size, -1, dtype=np.int32)
+      ring[slots] = list(reversed(self.recent))
+      self._ring.write(ring)
+      self._ring_stale = False
+    if self.params.temperature > 0:
+      if self._u is None: self._u = DeviceSlot((self.ring_size,), dtypes.float32, device)
+      draws = np.zeros(self.ring_size, dtype=np.float32)
+      draws[[(self._steps + i) % self.ring_size for i in range(steps)]] = self.rng.random(steps, dtype=np.float32)
+      self._u.write(draws)
 
   def queue(self, logits: Tensor) -> Tensor:
-    """Samples on the device: the token as a device scalar, not waited for (and not recorded for the repeat penalty).
-    Only the inputs the pipeline reads are written: each write is a host-to-device copy on every token."""
-    p, n = self.params, self.params.repeat_last_n
-    if self._u is None and p.temperature > 0: self._u = DeviceSlot((1,), dtypes.float32, logits.device)
-    if self._recent is None and n and p.repeat_penalty != 1: self._recent = DeviceSlot((n,), dtypes.int32, logits.device)
-    u = self._u.write(self.rng.random(1, dtype=np.float32)) if self._u is not None else None
-    recent = self._recent.write(list(self.recent) + [-1] * (n - len(self.recent))) if self._recent is not None else None
-    return self.jit(logits.contiguous(), u, recent)
+    """Samples on the device after `prepare`: the token [1, 1] int32, not waited for, which the next decode step can read."""
+    token = self.jit(logits.contiguous(), self._step_var.bind(self._steps % self.ring_size))
+    self._steps += 1
+    return token
+
+  def collect(self, steps: int) -> list[int]:
+    """The tokens of the last `steps` queued steps, waiting for the device, accepted for the repeat penalty."""
+    assert self._ring is not None and steps <= self.ring_size
+    ring = self._ring.read()
+    tokens = [int(ring[(self._steps - steps + i) % self.ring_size]) for i in range(steps)]
+    self.recent.extend(tokens)   # the ring holds them already
+    return tokens
 
   def __call__(self, logits: Tensor) -> int:
-    token = int(read_scalar(self.queue(logits)))
-    self.accept(token)
-    return token
+    self.prepare(1, logits.device)
+    self.queue(logits)
+    return self.collect(1)[0]

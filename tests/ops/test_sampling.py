@@ -82,6 +82,14 @@ def test_temperature_sampling_matches_reference(seed, rng):
     assert cdf[t] - 1e-5 <= u <= cdf[t + 1] + 1e-5, f"{u=} {t=} p={probs[t]} seed={seed}"
   assert np.all(np.abs(np.bincount(tokens, minlength=V) - len(grid) * probs) <= 1.01), f"seed={seed}"
 
+def test_a_decode_steps_row_of_logits_samples_as_a_vector(seed, rng):
+  """Logits [1, V] as a decode step returns them: without filters too (the CDF's total was a whole row: token 0 every time)."""
+  params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0)
+  logits = rng.normal(size=V).astype(np.float32)
+  for u in rng.random(8):
+    u_t = Tensor([u], dtype=dtypes.float32)
+    assert sample(Tensor(logits[None]), u_t, None, params).item() == sample(Tensor(logits), u_t, None, params).item(), f"{u=} seed={seed}"
+
 def test_sampler_seed_reproduces(seed, rng):
   steps = [(rng.normal(size=V) * 2).astype(np.float32) for _ in range(6)]
   runs = []
