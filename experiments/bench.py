@@ -35,6 +35,7 @@ class BenchConfig:
   rounding: str = "exact"
   fuse: bool = True
   norm_break: bool = False          # each RMS norm's output realized before the matmul that reads it
+  act_break: bool = False           # the FFN activation realized before the down matmul
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
@@ -48,7 +49,8 @@ class BenchConfig:
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm_break": self.norm_break, "row_upcast": self.row_upcast,
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm_break": self.norm_break, "act_break": self.act_break,
+            "row_upcast": self.row_upcast,
             "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
@@ -61,7 +63,8 @@ class BenchConfig:
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm_break=self.norm_break)
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm_break=self.norm_break,
+                   act_break=self.act_break)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""

@@ -16,7 +16,8 @@ if [ -f .lcpp/llama.cpp.tgz ] && [ ! -x $LLAMA_DIR/build/bin/llama-bench ]; then
   LLAMA_BUILD_PID=$!
 fi
 
-llama_bench_ready() {
+llama_bench_ready() {   # without the carried source (no .lcpp) there is no peer: benches run without one
+  [ -f .lcpp/llama.cpp.tgz ] || { unset LLAMA_BENCH; return 0; }
   [ -n "${LLAMA_BUILD_PID:-}" ] && wait $LLAMA_BUILD_PID
   if [ -x $LLAMA_DIR/build/bin/llama-bench ]; then export LLAMA_BENCH=$LLAMA_DIR/build/bin/llama-bench
   else echo "llama-bench did not build:"; tail -5 /tmp/llama_build.log; return 1; fi

@@ -7,6 +7,7 @@
 #   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default a 22-size grid), the best saved to this
 #                       device's profile (copied to $OUT), which later steps use
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
+#                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 # A bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm-break): --SWITCH for each.
@@ -51,7 +52,8 @@ for item in "$@"; do
             python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready &&
-             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" "${flags[@]}" --prompt-tokens 32 --tokens "$TOKENS" --llama-bench "$LLAMA_BENCH" || status=1 ;;
+             { peer=(--no-peer); if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi; } &&
+             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" "${flags[@]}" --prompt-tokens 32 --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
                JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&

@@ -2,7 +2,7 @@
 (QuantExperts), their outputs are summed with the routing weights, and shared experts (DeepSeek) are added for every token."""
 from dataclasses import dataclass
 from tinygrad import Tensor
-from models.blocks import Activation, FeedForward
+from models.blocks import Activation, FeedForward, down_input
 from models.weights import Weights
 from ops.routing import Gating, route
 
@@ -29,7 +29,7 @@ class MoE:
   """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
   whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
   def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Activation):
-    self.cfg, self.activation, self.topk = cfg, activation, w.topk
+    self.cfg, self.activation, self.topk, self.act_break = cfg, activation, w.topk, w.act_break
     E, ff = cfg.n_experts, cfg.ffn_dim
     self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)
     self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias", E) if w.has(f"{prefix}.exp_probs_b.bias") else None
@@ -44,5 +44,5 @@ class MoE:
     weights, sel = route(self.router(x), c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
     xe = x.unsqueeze(-2)   # [B, T, 1, dim]: one input row shared by the k experts
     gate, up = self.gate_up(xe, sel).chunk(2, dim=-1)
-    out = self.down.mixed(self.activation(gate, up), sel, weights)
+    out = self.down.mixed(down_input(self.activation(gate, up), self.act_break), sel, weights)
     return out if self.shared is None else out + self.shared(x)

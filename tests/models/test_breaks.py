@@ -1,0 +1,23 @@
+"""The fusion breaks (`norm_break`, `act_break`) realize a matmul's input as a buffer of its own: the same logits, and
+exactly the kernels they add (one per RMS norm a matmul reads; one per FFN, dense or MoE)."""
+import numpy as np
+import pytest
+from models.runtime import Runtime
+from models.synth import synthesize
+
+def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
+  rt = Runtime(path, max_context=32, progress=False, **breaks)
+  logits = rt.prefill(rng_ids)
+  for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # eager, capture, replay
+  return logits.numpy()[0], rt.kernels_per_token()
+
+@pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gpt-oss-20b-tiny"])
+def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: int, rng: np.random.Generator):
+  path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
+  ids = rng.integers(3, 1000, size=5).tolist()
+  base, kernels = decode(path, ids)
+  blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
+  for breaks, added in (({"act_break": True}, blocks), ({"norm_break": True}, 2 * blocks + 1)):
+    got, n = decode(path, ids, **breaks)
+    np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")
+    assert n == kernels + added, f"{breaks}: {n} kernels against {kernels} without"
