@@ -35,7 +35,7 @@ class BenchConfig:
   rounding: str = "exact"
   fuse: bool = True
   norm_break: bool = False          # each RMS norm's output realized before the matmul that reads it
-  act_break: bool = False           # the FFN activation realized before the down matmul
+  act_break: bool = True            # the FFN activation realized before the down matmul
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort

@@ -43,7 +43,7 @@ class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
                fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
                skip: tuple[str, ...] = (), topk: str = "pairwise", profile: bool = True, norm_break: bool = False,
-               act_break: bool = False):
+               act_break: bool = True):
     use_row_upcast(row_upcast)
     self.profile = use_device_profile() if profile else use_tuned_sizes({})   # the profile's path, or None
     self.gguf = GGUFFile(path)

@@ -15,7 +15,7 @@ LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
                progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise",
-               norm_break: bool = False, act_break: bool = False):
+               norm_break: bool = False, act_break: bool = True):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
     self.g, self.device, self.rounding, self.fuse, self.skip, self.norm_break = g, device, rounding, fuse, frozenset(skip), norm_break
     self.act_break = act_break

@@ -75,7 +75,7 @@ def bench_config(args):
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   StrategyPlan.parse(args.strategy)
   return BenchConfig(prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup, ctx=args.ctx, strategy=args.strategy,
-                     rounding=args.rounding, fuse=not args.no_fuse, norm_break=args.norm_break, act_break=args.act_break,
+                     rounding=args.rounding, fuse=not args.no_fuse, norm_break=args.norm_break, act_break=not args.no_act_break,
                      row_upcast=args.row_upcast, skip=tuple(args.skip),
                      topk=args.topk, beam=args.beam,
                      jit_batch_size=args.jit_batch_size, requant=args.requant, profile=not args.no_profile,
@@ -141,8 +141,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
   s.add_argument("--norm-break", action="store_true", help="realize each RMS norm's output before the matmul that reads it: one more small "
                  "kernel per norm; the matvec then reads a plain vector (fewer registers on a GPU)")
-  s.add_argument("--act-break", action="store_true", help="realize the FFN activation before the down matmul that reads it: one more small "
-                 "kernel per FFN; the matvec then no longer recomputes the activation for each group of rows")
+  s.add_argument("--no-act-break", action="store_true", help="compute the FFN activation inside the down matmul instead of realizing it "
+                 "first: one kernel fewer per FFN, but the matvec recomputes the activation for each group of rows (slower on CPUs and GPUs)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
                  help="how MoE routing picks its experts: pairwise (rank comparisons, 3 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): GPU matvecs get the "
