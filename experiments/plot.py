@@ -251,16 +251,18 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   for i, ((mod, dev), points) in enumerate(sorted(lines.items())):
     color = CATEGORY_COLORS[i % len(CATEGORY_COLORS)]
     px = sorted(points)
-    latest = [points[x][-1] for x in px]   # several records at one commit: the latest carries the line, the rest are dots
-    tok = [_metrics(r)["tok_s"] for r in latest]
+    # several records at one commit (switches compared in one run): the fastest carries the line, the rest are dots
+    best = [max(points[x], key=lambda r: _metrics(r)["tok_s"]) for x in px]
+    tok = [_metrics(r)["tok_s"] for r in best]
     handles += ax.plot(px, tok, "-o", color=color, lw=1.8, ms=6, label=f"{mod} · {short_device(dev)}")
     for x, t in zip(px, tok): ax.annotate(f"{t:.2f}", (x, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color)
     for x in px:
-      for r in points[x][:-1]:
+      for r in points[x]:
+        if r is best[px.index(x)]: continue
         ax.plot([x], [_metrics(r)["tok_s"]], "o", ms=5, mfc="none", color=color, alpha=0.6)
         extras = True
-    kx = [x for x, r in zip(px, latest) if _number(_metrics(r).get("kernels_per_token"))]
-    kpt = [_metrics(r)["kernels_per_token"] for r in latest if _number(_metrics(r).get("kernels_per_token"))]
+    kx = [x for x, r in zip(px, best) if _number(_metrics(r).get("kernels_per_token"))]
+    kpt = [_metrics(r)["kernels_per_token"] for r in best if _number(_metrics(r).get("kernels_per_token"))]
     if kpt:
       ax2.plot(kx, kpt, "--s", color=color, lw=1.2, ms=4, alpha=0.8)
       kmax = max(kmax, *kpt)

@@ -98,6 +98,16 @@ def test_breakdown_skips_records_without_categories(records: list[dict]):
   assert [t.get_text() for t in fig.legends[0].get_texts()] == ["matmul", "reduce", "elementwise", "copy", "baseline"]
   assert any("skipped 1 record without metrics.kernel_categories" in t.get_text() for t in fig.texts)
 
+def test_history_line_takes_each_commits_fastest_record(records: list[dict]):
+  """ddddddd has 7.8 tok/s (400 kernels) then 5.9 (579): the line and the kernel count follow the faster, the other is a dot."""
+  ax = plot.figure(records, "history", model="smollm2-135m").axes[0]
+  line = next(l for l in ax.get_lines() if l.get_linestyle() == "-")
+  labels = [t.get_text() for t in ax.get_xticklabels()]
+  assert line.get_ydata()[list(line.get_xdata()).index(labels.index("ddddddd"))] == 7.8
+  assert any(list(l.get_ydata()) == [5.9] for l in ax.get_lines() if l.get_linestyle() in ("None", ""))
+  kernels = next(l for l in ax.figure.axes[1].get_lines() if l.get_linestyle() == "--")
+  assert kernels.get_ydata()[list(kernels.get_xdata()).index(labels.index("ddddddd"))] == 400
+
 def test_older_records_only_history(records: list[dict], tmp_path: Path):
   old = [r for r in records if "experiment" not in r and "kernel_categories" not in r["metrics"]]
   check_png(plot.plot(old, "history", tmp_path / "h.png"))
