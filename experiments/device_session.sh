@@ -19,13 +19,13 @@ SIZES=${SIZES:-"8,4,1 8,4,2 8,4,4 8,8,1 8,8,2 16,2,1 16,2,2 16,2,4 16,4,1 16,4,2
 source experiments/device_env.sh || exit 1
 declare -A making   # model path -> pid of its background synthesis
 model_path() {   # PRESET[:Q] -> where its synthetic file goes
-  local preset=${1%%:*} quant=${1#*:}
-  [ "$quant" = "$1" ] && quant=""
+  local preset quant
+  IFS=: read -r preset quant <<< "$1"
   echo "/tmp/models/$preset${quant:+.$quant}.gguf"
 }
 synthesize() {   # PRESET[:Q] PATH
-  local preset=${1%%:*} quant=${1#*:}
-  [ "$quant" = "$1" ] && quant=""
+  local preset quant
+  IFS=: read -r preset quant <<< "$1"
   python3 -m tinyzoo synth "$preset" ${quant:+--quant $quant} -o "$2" >&2
 }
 model() {   # PRESET[:Q] -> the path of its synthetic file, made once (waiting for a background synthesis of it)

@@ -256,9 +256,9 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
     tok = [_metrics(r)["tok_s"] for r in best]
     handles += ax.plot(px, tok, "-o", color=color, lw=1.8, ms=6, label=f"{mod} · {short_device(dev)}")
     for x, t in zip(px, tok): ax.annotate(f"{t:.2f}", (x, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color)
-    for x in px:
+    for x, top in zip(px, best):
       for r in points[x]:
-        if r is best[px.index(x)]: continue
+        if r is top: continue
         ax.plot([x], [_metrics(r)["tok_s"]], "o", ms=5, mfc="none", color=color, alpha=0.6)
         extras = True
     kx = [x for x, r in zip(px, best) if _number(_metrics(r).get("kernels_per_token"))]

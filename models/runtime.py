@@ -108,17 +108,18 @@ class Runtime:
     timing = timing or Timing()
     stop_ids = self.tokenizer.stop_ids if stop_ids is None else stop_ids
     done, token = 0, None   # the last sampled token, on the device
-    while done < n:
-      batch = min(n - done, 1 if done < 3 else READBACK)
-      sampler.prepare(batch, logits.device)
-      t0 = time.perf_counter()
-      for i in range(done, done + batch):
-        token = sampler.queue(logits if token is None else self.decode(token, pos + i - 1))
-      tokens = sampler.collect(batch)
-      step_s = (time.perf_counter() - t0) / max(batch - (done == 0), 1)   # the first token needs no decode step
-      timing.kernels_per_token = self.kernels_per_token(sampler)
-      for i, t in enumerate(tokens, start=done):
-        if i: timing.steps.append(step_s)
-        yield t
-        if t in stop_ids: return
-      done += batch
+    try:
+      while done < n:
+        batch = min(n - done, 1 if done < 3 else READBACK)
+        sampler.prepare(batch, logits.device)
+        t0 = time.perf_counter()
+        for i in range(done, done + batch):
+          token = sampler.queue(logits if token is None else self.decode(token, pos + i - 1))
+        tokens = sampler.collect(batch)
+        step_s = (time.perf_counter() - t0) / max(batch - (done == 0), 1)   # the first token needs no decode step
+        for i, t in enumerate(tokens, start=done):
+          if i: timing.steps.append(step_s)
+          yield t
+          if t in stop_ids: return
+        done += batch
+    finally: timing.kernels_per_token = self.kernels_per_token(sampler)   # once, whether the loop ends, stops or is left
