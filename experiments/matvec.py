@@ -14,7 +14,7 @@ from quant.formats import FORMATS
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from tinygrad.codegen import to_program_cache
-from quant.matvec_opts import compiled_shapes, forced_gpu_sizes, use_row_upcast
+from quant.matvec_opts import Sizes, compiled_shapes, forced_gpu_sizes, use_row_upcast
 from experiments.steady import steady_state
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
@@ -45,7 +45,7 @@ CACHE_BEATING_BYTES = 256 << 20   # weights a gemv reads in turn by default: 5x 
 SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if 32 <= t * b <= 256]
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
-                   sweep: list[tuple[int, int, int] | None] | None = None) -> list[dict]:
+                   sweep: list[Sizes | None] | None = None) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
   replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run:
   one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel

@@ -1,13 +1,11 @@
 """The transformer pieces the architectures here are built from; architecture files only configure them."""
 from dataclasses import dataclass
 from typing import Callable
-from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
 from ops.norm import rms_norm
 from ops.rope import apply_rope
-from quant.activations import round_activations
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
@@ -46,8 +44,7 @@ class Attention:
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
     self.sinks = w.vector(f"{prefix}.attn_sinks.weight", cfg.n_heads) if spec.sinks else None
-    # under ggml rounding the cache is fp16 and q meets it in fp16, as in llama.cpp's default KV cache
-    self.rounding = w.rounding
+    # under ggml rounding the cache is fp16 (attention then rounds q to fp16), as in llama.cpp's default KV cache
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device)
     if self.cache.kv is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.kv)
@@ -55,23 +52,22 @@ class Attention:
       w.label(f"{prefix}.k_cache", "cache", self.cache.k)
       w.label(f"{prefix}.v_cache", "cache", self.cache.v)
 
-  def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None, start_pos: sint) -> Tensor:
+  def _heads(self, h: Tensor, n: int, d: int, norm: Tensor | None) -> Tensor:
     B, T, _ = h.shape
     h = h.reshape(B, T, n, d).transpose(1, 2)
-    if norm is not None: h = rms_norm(h, norm, self.cfg.norm_eps)
-    cos, sin = self.spec.rope
-    return apply_rope(h, cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], self.spec.interleaved)
+    return h if norm is None else rms_norm(h, norm, self.cfg.norm_eps)
 
   def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
     B, T, _ = x.shape
     c = self.cfg
+    cos, sin = self.spec.rope
+    rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
     q, k, v = self.qkv(x)
-    q = self._heads(q, c.n_heads, c.head_dim, self.q_norm, start_pos)
-    k = self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm, start_pos)
+    k = apply_rope(self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm), *rope, self.spec.interleaved)
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
-    q = round_activations(q, GGMLQuantizationType.F16, self.rounding)
-    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap)
+    out = attention(self._heads(q, c.n_heads, c.head_dim, self.q_norm), k, v, start_pos, scale=self.spec.scale, window=self.spec.window,
+                    sinks=self.sinks, softcap=self.spec.softcap, q_rope=(*rope, self.spec.interleaved))
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:

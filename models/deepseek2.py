@@ -10,7 +10,6 @@ metadata says."""
 import math
 from dataclasses import dataclass, replace
 from tinygrad import Tensor, dtypes
-from gguf import GGMLQuantizationType
 from tinygrad.uop.ops import sint
 from models.blocks import Block, FeedForward, Transformer
 from models.config import ModelConfig
@@ -21,7 +20,6 @@ from ops.mla import LatentCache, mla_attention
 from ops.norm import rms_norm
 from ops.rope import Yarn, apply_rope, rope_tables
 from ops.routing import Gating
-from quant.activations import round_activations
 from quant.gguf_file import GGUFFile
 
 ARCH = "deepseek2"
@@ -70,7 +68,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
-    self.cfg, self.mla, self.rope, self.scale, self.rounding = cfg, mla, rope, scale, w.rounding
+    self.cfg, self.mla, self.rope, self.scale = cfg, mla, rope, scale
     H, r, dk = cfg.n_heads, mla.kv_lora_rank, mla.nope_dim + mla.rope_dim
     first = (f"{prefix}.attn_q_a", mla.q_lora_rank) if mla.q_lora_rank else (f"{prefix}.attn_q", H * dk)
     self.inputs = w.projections([first[0], f"{prefix}.attn_kv_a_mqa"], [first[1], r + mla.rope_dim], cfg.dim)
@@ -99,7 +97,6 @@ class MLAttention:
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
     q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-    q_lat, q_pe = (round_activations(t, GGMLQuantizationType.F16, self.rounding) for t in (q_lat, q_pe))
     out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale).transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 

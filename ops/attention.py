@@ -10,12 +10,16 @@ Attention reads the cache in chunks of CHUNK positions, as many as hold the vali
 positions then have a static inner axis that a GPU spreads over threads; over the valid prefix alone (a symbolic
 length) each thread walked every position in turn, one load after the other (15 us a layer on an H100).
 
-Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. A sink (gpt-oss) is one learned
+Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. `q_rope` (the cos and sin rows of
+the query positions, [T, rot_dims/2], and the pairing) rotates q where the logits read it, and a half cache meets q
+rounded to half (as llama.cpp's half KV cache does). That arithmetic runs on q broadcast against the keys, once per key:
+tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own. A sink (gpt-oss) is one learned
 logit per query head that joins the softmax denominator and contributes no value.
 """
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from tinygrad.uop.ops import sint
+from ops.rope import apply_rope
 
 CHUNK = 64
 
@@ -52,14 +56,20 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
   return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
-              sinks: Tensor|None = None, softcap: float|None = None) -> Tensor:
+              sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None) -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
   n = (start_pos + T + CHUNK - 1) // CHUNK
-  # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated
-  qg = q.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D)
-  logits = (qg.cast(dtypes.float32) * _chunks(k, n).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
+  keys = _chunks(k, n)
+  # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated; q is broadcast
+  # against the keys before any arithmetic on it
+  qg = q.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D).expand(B, Hkv, Hq // Hkv, T, *keys.shape[-3:])
+  if q_rope is not None:
+    cos, sin, interleaved = q_rope
+    qg = apply_rope(qg, cos.reshape(T, 1, 1, -1), sin.reshape(T, 1, 1, -1), interleaved)
+  if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
+  logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = (logits / softcap).tanh() * softcap
   kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
   qpos = (Tensor.arange(T) + start_pos).reshape(T, 1, 1)

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 import yaml
 from tinygrad import Device
-from quant.matvec_opts import parse_gpu_sizes, use_tuned_sizes
+from quant.matvec_opts import Sizes, parse_gpu_sizes, use_tuned_sizes
 
 PROFILES = Path(__file__).parent
 
@@ -40,7 +40,7 @@ def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
 def load(path: Path) -> dict:
-  """A profile's contents, validated: {'device': str, 'matvec_sizes': {shape: {'sizes': (T, B, R), 'gb_s': float}}}."""
+  """A profile's contents, validated: {'device': str, 'matvec_sizes': {shape: {'sizes': (T, B, R[, U]), 'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
@@ -51,7 +51,7 @@ def load(path: Path) -> dict:
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
     elif key.value == "matvec_sizes":
-      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R', gb_s: N}")
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,U]', gb_s: N}")
       for shape, entry in value.value:
         if not re.fullmatch(r"\d+(x\d+)*", shape.value): raise _fail(path, shape, f"{shape.value!r} is no kernel shape (like 2048x256x4x4x2)")
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
@@ -60,14 +60,15 @@ def load(path: Path) -> dict:
     else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, matvec_sizes)")
   return out
 
-def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[tuple[int, int, int], float]]) -> None:
+def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
   """Merges {shape: (sizes, gb_s)} into the profile at `path` (a shape measured again is replaced), written atomically."""
   table = load(path)["matvec_sizes"] if path.exists() else {}
   table.update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
   entries = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(table.items())}
   doc = {"device": device, "matvec_sizes": entries}
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text("# written by `tinyzoo matvec --save-best`: GPU matvec sizes (threads per row, rows per workgroup, rows per thread)\n"
+  tmp.write_text("# written by `tinyzoo matvec --save-best`: GPU matvec sizes (threads per row, rows per workgroup, rows per thread[,\n"
+                 "# blocks per thread unrolled])\n"
                  "# found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 

@@ -4,7 +4,7 @@ GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduc
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
 Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row's blocks over
 threads (GROUP), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes
-of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows" or `forced_gpu_sizes` (one size for every
+of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows[,unroll]" or `forced_gpu_sizes` (one size for every
 kernel, for sweeps), the sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the
 built-in rule.
 
@@ -19,6 +19,7 @@ cached by their graph, so the setting is chosen once per process, before the fir
 stay in this process (tinygrad's compile workers are spawned fresh and would not see the wrapper).
 """
 import contextlib
+import math
 import os
 from math import prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
@@ -37,26 +38,28 @@ _row_upcast = 0
 GPU_MATVEC_THREADS = 1 << 16
 MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
 
-def parse_gpu_sizes(spec: str) -> tuple[int, int, int]:
+Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, blocks per thread unrolled]
+
+def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
   except ValueError: sizes = ()
-  if len(sizes) != 3 or any(v < 1 for v in sizes):
-    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD, e.g. 16,4,4; got {spec!r}")
-  return sizes   # type: ignore[return-value]
+  if len(sizes) not in (3, 4) or any(v < 1 for v in sizes):
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,BLOCKS_UNROLLED], e.g. 16,4,4 or 16,4,2,4; got {spec!r}")
+  return sizes
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
-_tuned: dict[str, tuple[int, int, int]] = {}
+_tuned: dict[str, Sizes] = {}
 compiled_shapes: list[str] = []   # the kernel shape of every GPU matvec given sizes, in order (a sweep reads which it timed)
 
 @contextlib.contextmanager
-def forced_gpu_sizes(sizes: tuple[int, int, int] | None):
+def forced_gpu_sizes(sizes: Sizes | None):
   """Every GPU matvec kernel compiled inside uses these sizes (None: the sizes it would get anyway)."""
   global _gpu_override
   before, _gpu_override = _gpu_override, sizes or _gpu_override
   try: yield
   finally: _gpu_override = before
 
-def use_tuned_sizes(table: dict[str, tuple[int, int, int]]) -> None:
+def use_tuned_sizes(table: dict[str, Sizes]) -> None:
   """Sizes per kernel shape (`kernel_shape`) for GPU matvecs compiled from now on; shapes not in it get the built-in rule."""
   _tuned.clear()
   _tuned.update(table)
@@ -113,14 +116,15 @@ def block_axes(k: Scheduler) -> tuple[int, list[int]]:
   blocks = max((a for a in reduces if k.rngs[a] in outer), key=lambda a: k.full_shape[a])
   return blocks, [a for a in reduces if a != blocks]
 
-def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler | None:
+def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, unroll: int = 1) -> Scheduler | None:
   """GROUP the first reduce axis (the blocks) over up to `threads` threads, LOCAL `block` rows, UPCAST `rows` rows per thread,
-  then unroll the reduce axes inside a block (bytes, words, nibble planes), innermost first, up to 32 elements; None if
-  the kernel is no matvec. Raises KernelOptError where tinygrad refuses an opt."""
+  UNROLL `unroll` of each thread's blocks (their loads issued together rather than one loop step after the other), then
+  unroll the reduce axes inside a block (bytes, words, nibble planes), innermost first, up to 32 elements; None if the
+  kernel is no matvec. Raises KernelOptError where tinygrad refuses an opt."""
   axis = matvec_row_axis(k)
   if axis is None or k.full_shape[axis] % (block * rows): return None
   blocks, inside = block_axes(k)
-  inner = [k.rngs[a] for a in inside]
+  inner, block_id = [k.rngs[a] for a in inside], k.rngs[blocks].arg[0]
   threads = max(d for d in range(1, threads + 1) if k.full_shape[blocks] % d == 0)   # 20 blocks a row: 20 threads, not 4
   tuned = k.copy()
   for op, ax, n in ((OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(blocks), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
@@ -131,16 +135,20 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int) -> Scheduler |
     if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
     tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
     unrolled *= n
+  # the blocks left to each thread keep the axis id of the row's blocks (none left when every block has a thread)
+  left = next((a for a, r in enumerate(tuned.rngs) if r.arg[0] == block_id and r.arg[-1] is AxisType.REDUCE), None)
+  if left is not None and (unroll := math.gcd(unroll, tuned.full_shape[left])) > 1:
+    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(left), unroll))
   return tuned
 
-def gpu_matvec_sizes(k: Scheduler) -> tuple[int, int, int]:
+def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   if shape in _tuned: return _tuned[shape]
   blocks, inside = block_axes(k)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[blocks], k.full_shape[inside[-1]] if inside else 1)   # type: ignore[arg-type]
 
-def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> tuple[int, int, int]:
+def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread for `rows` rows of `blocks` blocks whose innermost loop is `inner`."""
   per_thread, threads = (1 if inner >= 32 else 4), 16
   while threads < min(128, blocks) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2

@@ -29,12 +29,12 @@ def cmd_matvec(args) -> None:
   import time
   from experiments import journal
   from profiles.device import device_name, profile_path, save_matvec_sizes, use_device_profile
-  from quant.matvec_opts import parse_gpu_sizes, use_row_upcast
+  from quant.matvec_opts import Sizes, parse_gpu_sizes, use_row_upcast
   use_row_upcast(args.row_upcast)
   use_device_profile()
   sweep = SIZE_GRID if args.gpu_sizes == "grid" else [parse_gpu_sizes(s) for s in args.gpu_sizes.split()] if args.gpu_sizes else [None]
   if args.save_best and sweep == [None]: raise ValueError("--save-best needs --gpu-sizes to search")
-  best: dict[str, tuple[tuple[int, int, int], float]] = {}
+  best: dict[str, tuple[Sizes, float]] = {}
   t0 = time.perf_counter()
   for rows, cols in shapes:
     for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
@@ -183,8 +183,9 @@ def parser() -> argparse.ArgumentParser:
                  "and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
   s.add_argument("--copies", type=int, help="--shape weights read in turn, so that together they outgrow the caches (default: enough for 256 MiB)")
-  s.add_argument("--gpu-sizes", metavar="'T,B,R ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
-                 "workgroup, rows per thread) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
+  s.add_argument("--gpu-sizes", metavar="'T,B,R[,U] ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
+                 "workgroup, rows per thread, optionally blocks per thread unrolled) or a grid of them, one journal record each "
+                 "(default: the device profile's or built-in sizes)")
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
                  "(profiles/<device>.yaml), which bench, run and matvec then use")
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")

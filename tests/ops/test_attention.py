@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
-from tinygrad import Tensor, TinyJit, UOp
+from tinygrad import Tensor, TinyJit, UOp, dtypes
 from ops.attention import CHUNK, KVCache, attention
+from ops.rope import apply_rope, rope_tables
 
 B, HQ, HKV, D, DV = 2, 4, 2, 8, 6
 
@@ -67,3 +68,20 @@ def test_kv_cache_prefill_then_decode(seed, rng, jit):
     p += n
   ref = ref_attention(q, k, v, 0, scale, window=window, sinks=sinks)
   np.testing.assert_allclose(np.concatenate(outs, axis=2), ref, rtol=1e-4, atol=1e-5, err_msg=f"{jit=} seed={seed}")
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("half_cache", [False, True], ids=["f32-cache", "f16-cache"])
+def test_query_rotated_where_the_logits_read_it(seed, rng, interleaved, half_cache):
+  """q_rope rotates an unrotated q where the logits read it (partial rotary: 3 of 4 pairs) and a half cache meets q
+  rounded to half: the same as rotating and rounding q first (tests/models/test_decode_kernels.py: in no kernel of its own)."""
+  start_pos, T = 7, 3
+  q, k, v = qkv(rng, T, start_pos + T)
+  cos, sin = rope_tables(6, 10000.0, 16)
+  rows = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
+  dtype = dtypes.float16 if half_cache else dtypes.float32
+  ks, vs = (in_cache(rng, a, 1).cast(dtype).realize() for a in (k, v))
+  q_rot = apply_rope(Tensor(q), *rows, interleaved)
+  if half_cache: q_rot = q_rot.cast(dtypes.float16).cast(dtypes.float32)
+  want = attention(q_rot.realize(), ks, vs, start_pos, scale=D ** -0.5)
+  got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=(*rows, interleaved))
+  np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")

@@ -68,13 +68,22 @@ def cuda_renderer():
   r.tensor_cores = tc.get_cuda("sm_90")
   return r
 
-def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
+def cuda_sink(out: Tensor):
+  """The one kernel computing `out`, optimized for the CUDA renderer."""
   from tinygrad.codegen import full_rewrite_to_sink
-  from tinygrad.uop.ops import Ops, ProgramInfo
-  ren = cuda_renderer()
+  from tinygrad.uop.ops import Ops
   (ast,) = [c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK]
-  info = ProgramInfo.from_sink(full_rewrite_to_sink(ast, ren), ren.target)
+  return full_rewrite_to_sink(ast, cuda_renderer())
+
+def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
+  from tinygrad.uop.ops import ProgramInfo
+  info = ProgramInfo.from_sink(cuda_sink(out), cuda_renderer().target)
   return tuple(info.global_size), tuple(info.local_size)
+
+def cuda_source(out: Tensor) -> str:
+  from tinygrad.codegen import line_rewrite, pm_linearize_cleanups
+  from tinygrad.codegen.late.linearizer import linearize
+  return cuda_renderer().render(line_rewrite(linearize(cuda_sink(out)), pm_linearize_cleanups))
 
 @pytest.mark.parametrize("t,rows,local,rows_per_thread", [(T.Q4_0, 1024, (64, 1, 1), 4), (T.Q8_0, 1024, (64, 1, 1), 1),
                                                            (T.Q4_0, 16384, (16, 4, 1), 4)], ids=["Q4_0", "Q8_0", "Q4_0-tall"])
@@ -105,6 +114,17 @@ def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.
     use_tuned_sizes({"1x2x3": (32, 2, 2)})
     assert cuda_launch(lin(x * 3))[1] == (64, 1, 1)
   finally: use_tuned_sizes({})
+
+def test_gpu_matvec_unrolls_each_threads_blocks(row_upcast, rng: np.random.Generator):
+  """A fourth size unrolls the blocks each thread walks: their 16-byte word loads are issued together, with no loop over
+  blocks left (the only loop sums the group's partials); sizes over the blocks left are cut to them."""
+  rows, cols = 512, 2048   # 64 blocks a row: 16 threads per row leave 4 blocks to each
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="packed_words")
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  for sizes, loads, loops in (((16, 4, 2), 2, 2), ((16, 4, 2, 4), 8, 1), ((16, 4, 2, 64), 8, 1), ((16, 4, 1, 2), 2, 2)):
+    with forced_gpu_sizes(sizes): src = cuda_source(lin(x * sum(sizes)))
+    assert (src.count("uint4 val"), src.count("for (")) == (loads, loops), sizes
 
 # the winners of the H100 sweeps (threads per row, rows per workgroup, rows per thread), or within 2% of them
 @pytest.mark.parametrize("rows,blocks,inner,sizes", [(8192, 64, 2, (32, 2, 4)), (2048, 64, 2, (64, 1, 4)), (3072, 64, 2, (64, 1, 4)),
