@@ -26,6 +26,10 @@ def route(logits: Tensor, k: int, gating: Gating = Gating.SOFTMAX, *, bias: Tens
   scores = logits.softmax(-1) if gating is Gating.SOFTMAX else logits.sigmoid() if gating is Gating.SIGMOID else logits
   values, experts = topk(scores if bias is None else scores + bias, k)
   weights = values if bias is None else scores.gather(-1, experts)
-  if gating is Gating.TOPK_SOFTMAX: weights = weights.softmax(-1)
+  if gating is Gating.TOPK_SOFTMAX:
+    # the top-k come sorted, so the first is their maximum; the sum over k as k - 1 additions: tinygrad computes these
+    # where the weights are read, while a max or sum reduce would each be a kernel of its own
+    e = (weights - weights[..., :1]).exp()
+    weights = e / sum((e[..., i:i + 1] for i in range(1, k)), e[..., :1])
   if renorm: weights = weights / weights.sum(axis=-1, keepdim=True).maximum(2 ** -14)
   return weights * scale, experts.cast(dtypes.int32)

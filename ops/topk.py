@@ -2,7 +2,7 @@
 
 Element i's rank is the number of elements that beat it: larger, or equal at a lower index. Ranks are a permutation of
 0..n-1, so the r-th output is the element whose rank is r: values sorted descending, ties in ascending index order.
-The work is O(n^2) elementwise in three kernels (ranks, values, indices), against a bitonic sort's dozens.
+The work is O(n^2) elementwise in two kernels (ranks; values and indices), against a bitonic sort's dozens.
 """
 from tinygrad import Tensor, dtypes
 
@@ -14,8 +14,10 @@ def pairwise_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
   # [..., i]: how many j beat i; made contiguous so the two selections below share it instead of recomputing it
   rank = ((xj > xi) | ((xj == xi) & (idx < idx.unsqueeze(-1)))).sum(axis=-1).contiguous()
   pick = rank.unsqueeze(-2) == Tensor.arange(k).unsqueeze(-1)  # [..., r, i] = rank[i] == r
-  values = pick.where(xj, 0).sum(axis=-1).cast(x.dtype)
-  return values, pick.where(idx, 0).sum(axis=-1).cast(dtypes.int32)
+  # values and indices (exact as float32 below 2^24) side by side, picked in one kernel: [..., r, 2]
+  both = xj.cast(dtypes.float32).unsqueeze(-1).cat(idx.cast(dtypes.float32).reshape(n, 1).expand(*xj.shape, 1), dim=-1)
+  picked = pick.unsqueeze(-1).where(both, 0).sum(axis=-2)
+  return picked[..., 0].cast(x.dtype), picked[..., 1].cast(dtypes.int32)
 
 TOPK_ALGORITHMS = ("pairwise", "sort")   # "sort" is tinygrad's Tensor.topk (a bitonic sort)
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
-from tinygrad import Tensor
+from tinygrad import Tensor, TinyJit
+from experiments.kernels import count_kernels
 from ops.routing import Gating, route
 
 N_EXPERTS, K = 16, 4
@@ -39,3 +40,10 @@ def test_route(seed, rng, case, use_tensor_topk):
   ref_weights, ref_experts = ref_route(logits, bias=bias, **kw)
   np.testing.assert_array_equal(experts.numpy(), ref_experts, err_msg=f"{case} seed={seed}")
   np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=1e-5, atol=1e-6, err_msg=f"{case} seed={seed}")
+
+def test_topk_softmax_weights_cost_no_kernel_of_their_own(rng):
+  """GPT-OSS's weights (a softmax over the k chosen) are computed where they are read: routing a token and mixing k
+  outputs with the weights takes the pairwise top-k's two kernels (ranks; values and indices) and the reader's one."""
+  mix = TinyJit(lambda logits, y: (y * route(logits, 4, Gating.TOPK_SOFTMAX)[0]).sum(-1).realize())
+  for _ in range(3): mix(*(Tensor(rng.standard_normal((1, n), dtype=np.float32)).realize() for n in (32, 4)))
+  assert count_kernels(mix) == 3
