@@ -36,6 +36,7 @@ class BenchConfig:
   fuse: bool = True
   norm_break: bool = False          # each RMS norm's output realized before the matmul that reads it
   act_break: bool = True            # the FFN activation realized before the down matmul
+  norm_fold: bool = False           # each RMS norm's sum of squares computed inside the matmuls that read the norm
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
@@ -50,7 +51,7 @@ class BenchConfig:
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm_break": self.norm_break, "act_break": self.act_break,
-            "row_upcast": self.row_upcast,
+            "norm_fold": self.norm_fold, "row_upcast": self.row_upcast,
             "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
@@ -64,7 +65,7 @@ class BenchConfig:
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
                    progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm_break=self.norm_break,
-                   act_break=self.act_break)
+                   act_break=self.act_break, norm_fold=self.norm_fold)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""

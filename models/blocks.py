@@ -4,16 +4,19 @@ from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
-from ops.norm import rms_norm
+from ops.norm import NormedInput, rms_norm
 from ops.rope import apply_rope
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
 
-def normed_input(x: Tensor, weight: Tensor, eps: float, realize: bool) -> Tensor:
-  """The RMS norm a matmul reads; with `realize` (`norm_break`) a buffer of its own, so that the matvec reads a plain
-  vector rather than computing the normalization inside, which costs it registers on a GPU (the Llama-3.2-1B output
-  matvec went from 64 to 96, its q/k/v matvec to 255 and spilling), at one small kernel more."""
+def normed_input(x: Tensor, weight: Tensor, eps: float, realize: bool, fold: bool = False) -> Tensor | NormedInput:
+  """The RMS norm a matmul reads. By default the matmul computes the normalization inside, and a kernel of its own sums
+  x's squares first. With `realize` (`norm_break`) the normalized x is a buffer of its own, so that the matvec reads a
+  plain vector (on an H100 the fused norm once cost the Llama-3.2-1B q/k/v matvec 255 registers and spills), at one small
+  kernel more. With `fold` (`norm_fold`) the matmuls that can sum the squares beside their dots do (QuantLinear.normed),
+  at one kernel less; other readers compute the norm from the NormedInput."""
+  if fold: return NormedInput(x, weight, eps)
   out = rms_norm(x, weight, eps)
   return out.contiguous() if realize else out
 
@@ -57,7 +60,7 @@ class Attention:
     h = h.reshape(B, T, n, d).transpose(1, 2)
     return h if norm is None else rms_norm(h, norm, self.cfg.norm_eps)
 
-  def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
+  def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
     B, T, _ = x.shape
     c = self.cfg
     cos, sin = self.spec.rope
@@ -88,15 +91,16 @@ class FeedForward:
     self.down = w.linear(f"{prefix}.ffn_down{suffix}", dim, ffn_dim)
     self.activation, self.act_break = activation, w.act_break
 
-  def __call__(self, x: Tensor) -> Tensor: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
+  def __call__(self, x: Tensor | NormedInput) -> Tensor: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
 
 class Block:
   """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma). `ffn_norm` names the norm
   before the FFN (GPT-OSS calls it post_attention_norm). attn and ffn are any callables of that signature (MLA, MoE).
   Components the weights' options skip are left out of the residual stream, to measure the others alone."""
-  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Callable[[Tensor, sint], Tensor], ffn: Callable[[Tensor], Tensor],
+  def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Callable[[Tensor | NormedInput, sint], Tensor],
+               ffn: Callable[[Tensor | NormedInput], Tensor],
                sandwich: bool = False, ffn_norm: str = "ffn_norm"):
-    self.attn, self.ffn, self.eps, self.skip, self.norm_break = attn, ffn, cfg.norm_eps, w.skip, w.norm_break
+    self.attn, self.ffn, self.eps, self.skip, self.norm_break, self.norm_fold = attn, ffn, cfg.norm_eps, w.skip, w.norm_break, w.norm_fold
     self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.{ffn_norm}.weight", cfg.dim)
     self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
     self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
@@ -105,8 +109,10 @@ class Block:
 
   def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
     if "attention" not in self.skip:
-      x = x + self._post(self.attn(normed_input(x, self.attn_norm, self.eps, self.norm_break), start_pos), self.post_attn_norm)
-    if "ffn" not in self.skip: x = x + self._post(self.ffn(normed_input(x, self.ffn_norm, self.eps, self.norm_break)), self.post_ffn_norm)
+      h = self.attn(normed_input(x, self.attn_norm, self.eps, self.norm_break, self.norm_fold), start_pos)
+      x = x + self._post(h, self.post_attn_norm)
+    if "ffn" not in self.skip:
+      x = x + self._post(self.ffn(normed_input(x, self.ffn_norm, self.eps, self.norm_break, self.norm_fold)), self.post_ffn_norm)
     return x
 
 class Transformer:

@@ -17,7 +17,7 @@ from models.moe import MoE, MoEConfig
 from models.weights import Weights
 from ops.activations import swiglu
 from ops.mla import LatentCache, mla_attention
-from ops.norm import rms_norm
+from ops.norm import NormedInput, rms_norm
 from ops.rope import Yarn, apply_rope, rope_tables
 from ops.routing import Gating
 from quant.gguf_file import GGUFFile
@@ -86,7 +86,7 @@ class MLAttention:
     self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=dtypes.float16 if w.rounding == "ggml" else dtypes.float32, device=w.device)
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
 
-  def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
+  def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
     (B, T, _), c, m = x.shape, self.cfg, self.mla
     q, kv = self.inputs(x)
     if m.q_lora_rank: q = self.q_b(rms_norm(q, self.q_a_norm, c.norm_eps))

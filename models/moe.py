@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor
 from models.blocks import Activation, FeedForward, down_input
 from models.weights import Weights
+from ops.norm import NormedInput
 from ops.routing import Gating, route
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class MoE:
     self.down = w.experts([f"{prefix}.ffn_down_exps"], E, [dim], ff)
     self.shared = FeedForward(w, prefix, dim, cfg.n_shared * ff, activation, suffix="_shexp") if cfg.n_shared else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def __call__(self, x: Tensor | NormedInput) -> Tensor:
+    if isinstance(x, NormedInput): x = x.value()   # the router and the experts read it
     c = self.cfg
     weights, sel = route(self.router(x), c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
     xe = x.unsqueeze(-2)   # [B, T, 1, dim]: one input row shared by the k experts

@@ -5,6 +5,7 @@ from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
+from ops.norm import NormedInput
 from ops.topk import topk_by_name
 from quant.linear import QuantExperts, QuantLinear, StrategyPlan
 from quant.qtensor import QTensor, concat_rows
@@ -15,10 +16,11 @@ LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
                progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise",
-               norm_break: bool = False, act_break: bool = True):
+               norm_break: bool = False, act_break: bool = True, norm_fold: bool = False):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
+    if norm_break and norm_fold: raise ValueError("norm_break realizes the norm a matmul reads, norm_fold computes it inside: choose one")
     self.g, self.device, self.rounding, self.fuse, self.skip, self.norm_break = g, device, rounding, fuse, frozenset(skip), norm_break
-    self.act_break = act_break
+    self.act_break, self.norm_fold = act_break, norm_fold
     self.topk = topk_by_name(topk)
     self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
@@ -98,9 +100,9 @@ class Projections:
   def __init__(self, fused: list[tuple[list[int], QuantLinear]], outs: list[int]):
     self.fused, self.outs = fused, outs
 
-  def __call__(self, x: Tensor) -> list[Tensor]:
+  def __call__(self, x: Tensor | NormedInput) -> list[Tensor]:
     out: list[Tensor | None] = [None] * len(self.outs)
     for members, linear in self.fused:
-      y = linear(x)
+      y = linear.normed(x) if isinstance(x, NormedInput) else linear(x)
       for i, part in zip(members, y.split([self.outs[i] for i in members], dim=-1)): out[i] = part
     return out  # type: ignore[return-value]

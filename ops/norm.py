@@ -3,6 +3,7 @@
 The statistics and the weight multiply run in float32 whatever x's dtype; the result is cast back to x's dtype.
 Models whose weight is stored as an offset (Gemma's `1 + w`) pass the already-offset weight.
 """
+from dataclasses import dataclass
 from tinygrad import Tensor, dtypes
 
 def rms_norm(x: Tensor, weight: Tensor|None, eps: float) -> Tensor:
@@ -10,3 +11,16 @@ def rms_norm(x: Tensor, weight: Tensor|None, eps: float) -> Tensor:
   out = xf * (xf.square().mean(axis=-1, keepdim=True) + eps).rsqrt()
   if weight is not None: out = out * weight.cast(dtypes.float32)
   return out.cast(x.dtype)
+
+@dataclass(frozen=True)
+class NormedInput:
+  """rms_norm(x, weight, eps) as a matmul's input, left for the matmul to compute: one that can folds the norm into
+  itself (QuantLinear.normed), anything else reads `value()`."""
+  x: Tensor
+  weight: Tensor|None
+  eps: float
+
+  @property
+  def shape(self) -> tuple: return self.x.shape
+
+  def value(self) -> Tensor: return rms_norm(self.x, self.weight, self.eps)

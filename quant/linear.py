@@ -13,6 +13,7 @@
 from dataclasses import dataclass, field
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
+from ops.norm import NormedInput
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
 from quant.qtensor import QTensor
@@ -92,6 +93,15 @@ class QuantLinear(_PackedWeight):
   def __call__(self, x: Tensor) -> Tensor:
     y = self._matmul(x)
     return y if self.bias is None else y + self.bias
+
+  def normed(self, n: NormedInput) -> Tensor:
+    """self(n.value()), with the norm folded into the matmul where the weights are words and activations exact: each
+    row's dot with x * weight is scaled by 1/rms(x) afterwards, the sum of squares coming from the same reduce."""
+    if self.words is None or self.rounding != "exact": return self(n.value())
+    x = n.x.cast(dtypes.float32)
+    both = self.words.dot_and_squares(x, None if n.weight is None else n.weight.cast(dtypes.float32))
+    y = both[..., 0] * (both[..., 1] / x.shape[-1] + n.eps).rsqrt()
+    return (y if self.bias is None else y + self.bias).cast(n.x.dtype)
 
 class QuantExperts(_PackedWeight):
   """Expert-indexed matmul over W [experts, out, in] (bias [experts, out]): only the k selected experts' weights are read."""

@@ -129,6 +129,12 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, unroll: int = 
   tuned = k.copy()
   for op, ax, n in ((OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(blocks), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
     if n > 1: tuned.apply_opt(Opt(op, ax, n))
+  # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
+  # thread reads its inputs once for all of them
+  for a in reversed(tuned.axes_of(AxisType.GLOBAL)):
+    if a != axis and isinstance(n := tuned.full_shape[a], int) and 1 < n <= MAX_SHORT_OUTPUTS and \
+       sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice for b in tuned.bufs) == 1:
+      tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
   unrolled = 1
   for r in reversed(inner):
     a = tuned.rngs.index(r)

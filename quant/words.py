@@ -63,17 +63,36 @@ class WordBlocks:
     d = self.d if sel is None else self.d[sel]
     return e8m0_half(d) * 2.0 ** 15 if self.ggml_type is T.MXFP4 else d.cast(dtypes.float32)
 
-  def dot(self, x: Tensor, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
-    """x [..., in] -> [..., O]. With sel [..., k], the words are [experts, O, ...] and only the selected experts are
-    read: x [..., k or 1, in] -> [..., k, O]; with mix [..., k] as well, their sum weighted by it -> [..., O]."""
+  def _blocked(self, x: Tensor) -> Tensor:
+    """x [..., in] -> [..., 1, nb, word j, byte k, plane h], element 16h + 4j + k of a block at [j, k, h]."""
+    n_words, planes = self.words.shape[-1], 8 // self.bits
+    xb = x.unsqueeze(-2).reshape(*x.shape[:-1], 1, x.shape[-1] // 32, planes, n_words, 4)
+    return xb.permute(*range(xb.ndim - 4), -4, -2, -1, -3)
+
+  def _block_dots(self, xb: Tensor, sel: Tensor | None) -> Tensor:
+    """Each block's dot with its slice of x, scaled: [..., O, nb] (with sel, [..., k, O, nb])."""
     v = self._values()
     # the decoded expression is gathered, not the words: those would be copied out by a kernel of their own first
     if sel is not None: v = v[sel]
-    n_words, planes = self.words.shape[-1], 8 // self.bits
-    xb = x.unsqueeze(-2).reshape(*x.shape[:-1], 1, x.shape[-1] // 32, planes, n_words, 4)
-    xb = xb.permute(*range(xb.ndim - 4), -4, -2, -1, -3)   # element 16h + 4j + k of a block at [j, k, h]
     y = (v * xb).sum(axis=(-3, -2, -1)) * self._scale(sel)
     if self.m is not None: y = y + (self.m if sel is None else self.m[sel]).cast(dtypes.float32) * xb.sum(axis=(-3, -2, -1))
+    return y
+
+  def dot_and_squares(self, x: Tensor, scale: Tensor | None) -> Tensor:
+    """x [..., in] -> [..., O, 2]: each row's dot with x * scale, and beside it the sum of x's squares (the same for
+    every row), in one reduce. An RMS norm of x is thereby folded into the matmul that reads it: no kernel of its own
+    sums the squares. Rows and the two sums share one output axis, so that a thread's upcast rows hold both and the
+    squares, the same expression for every row it holds, are computed once."""
+    dots, xb = self._block_dots(self._blocked(x if scale is None else x * scale), None), self._blocked(x)
+    squares = xb.expand(*xb.shape[:-5], dots.shape[-2], *xb.shape[-4:])   # broadcast first: squared where it is read
+    squares = (squares * squares).sum(axis=(-3, -2, -1))
+    both = dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2)   # [..., O, 2, nb]
+    return both.reshape(*both.shape[:-3], -1, both.shape[-1]).sum(axis=-1).reshape(*both.shape[:-1])
+
+  def dot(self, x: Tensor, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
+    """x [..., in] -> [..., O]. With sel [..., k], the words are [experts, O, ...] and only the selected experts are
+    read: x [..., k or 1, in] -> [..., k, O]; with mix [..., k] as well, their sum weighted by it -> [..., O]."""
+    y = self._block_dots(self._blocked(x), sel)
     if mix is None: return y.sum(axis=-1)
     # the experts' blocks as one axis of one sum: a sum over experts around the sum over blocks would be a reduce
     # around a reduce, whose inner one a GPU cannot split over threads

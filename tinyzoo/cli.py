@@ -76,7 +76,7 @@ def bench_config(args):
   StrategyPlan.parse(args.strategy)
   return BenchConfig(prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup, ctx=args.ctx, strategy=args.strategy,
                      rounding=args.rounding, fuse=not args.no_fuse, norm_break=args.norm_break, act_break=not args.no_act_break,
-                     row_upcast=args.row_upcast, skip=tuple(args.skip),
+                     norm_fold=args.norm_fold, row_upcast=args.row_upcast, skip=tuple(args.skip),
                      topk=args.topk, beam=args.beam,
                      jit_batch_size=args.jit_batch_size, requant=args.requant, profile=not args.no_profile,
                      bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
@@ -141,10 +141,12 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
   s.add_argument("--norm-break", action="store_true", help="realize each RMS norm's output before the matmul that reads it: one more small "
                  "kernel per norm; the matvec then reads a plain vector (fewer registers on a GPU)")
+  s.add_argument("--norm-fold", action="store_true", help="sum each RMS norm's squares inside the matmuls that read the norm "
+                 "(packed_words weights, exact rounding), beside their dot products: one small kernel fewer per norm")
   s.add_argument("--no-act-break", action="store_true", help="compute the FFN activation inside the down matmul instead of realizing it "
                  "first: one kernel fewer per FFN, but the matvec recomputes the activation for each group of rows (slower on CPUs and GPUs)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
-                 help="how MoE routing picks its experts: pairwise (rank comparisons, 3 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
+                 help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): GPU matvecs get the "
                  "built-in sizes instead of the ones tuned per kernel shape")
   add_row_upcast_option(s)

@@ -8,7 +8,7 @@ from ops.sampling import Sampler, SamplerParams
 def load(args) -> Runtime:
   return Runtime(resolve_model(args.model), max_context=args.ctx, strategy=args.strategy, rounding=args.rounding, fuse=not args.no_fuse,
                  progress=sys.stderr.isatty(), row_upcast=args.row_upcast, topk=args.topk, norm_break=args.norm_break,
-                 act_break=not args.no_act_break,
+                 act_break=not args.no_act_break, norm_fold=args.norm_fold,
                  profile=not args.no_profile)
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:

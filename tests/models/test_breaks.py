@@ -1,12 +1,13 @@
-"""The fusion breaks (`norm_break`, `act_break`) realize a matmul's input as a buffer of its own: the same logits, and
-exactly the kernels they add (one per RMS norm a matmul reads; one per FFN, dense or MoE)."""
+"""The fusion breaks (`norm_break`, `act_break`) realize a matmul's input as a buffer of its own, `norm_fold` computes the
+norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per RMS norm a
+matmul reads, one per FFN, dense or MoE) or save (the fold: one per norm a dense matmul reads)."""
 import numpy as np
 import pytest
 from models.runtime import Runtime
 from models.synth import synthesize
 
 def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
-  rt = Runtime(path, max_context=32, progress=False, **breaks)
+  rt = Runtime(path, max_context=32, progress=False, strategy="packed_words", **breaks)
   logits = rt.prefill(rng_ids)
   for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # eager, capture, replay
   return logits.numpy()[0], rt.kernels_per_token()
@@ -17,7 +18,10 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   ids = rng.integers(3, 1000, size=5).tolist()
   base, kernels = decode(path, ids, act_break=False)
   blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
-  for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm_break": True}, 2 * blocks + 1)):
+  # a folded norm saves its kernel where a dense matmul reads it: both of Llama's, GPT-OSS's attention norm (MoE reads its own)
+  folded = 2 * blocks if preset.startswith("llama") else blocks
+  for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm_break": True}, 2 * blocks + 1),
+                        ({"act_break": False, "norm_fold": True}, -folded)):
     got, n = decode(path, ids, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")
     assert n == kernels + added, f"{breaks}: {n} kernels against {kernels} without"

@@ -4,6 +4,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import GlobalCounters, Tensor, TinyJit, dtypes
 from quant.formats import FORMATS
+from ops.norm import NormedInput
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -41,6 +42,22 @@ def test_matvec_is_one_kernel(t: T, strategy: str, rng: np.random.Generator):
   jit = TinyJit(lambda x: lin(x).realize())
   for _ in range(3): jit(Tensor.randn(1, IN).realize())
   assert count_kernels(jit) == (2 if strategy == "split" else 1)
+
+@pytest.mark.parametrize("strategy", ["packed_words", "packed_dot"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.Q4_K], ids=lambda t: t.name)
+def test_normed_matches_the_norm_then_the_matmul(t: T, strategy: str, rng: np.random.Generator):
+  """normed(NormedInput(x, g, eps)) is the matmul of rms_norm(x) * g against float64 numpy, whether the squares are
+  summed beside the dots (words: Q4_0, Q4_1, Q8_0, MXFP4) or the norm is read as before (tests/models/test_breaks.py
+  counts the kernels the fold saves in a model)."""
+  raw = random_blocks(t, (OUT, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (OUT, IN), strategy)
+  lin = QuantLinear(QTensor.from_bytes(raw, t, (OUT, IN)), bias=Tensor(bias := rng.standard_normal(OUT).astype(np.float32)), strategy=strategy)
+  g, eps = rng.standard_normal(IN).astype(np.float32), 1e-5
+  for batch in [(1,), (2, 3)]:
+    x = rng.standard_normal((*batch, IN)).astype(np.float32) * 3
+    normed = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * g
+    got = lin.normed(NormedInput(Tensor(x), Tensor(g), eps)).numpy()
+    assert_fp32_close(got, normed @ w.T + bias, np.abs(normed) @ np.abs(w).T + np.abs(bias), f"{t.name} {strategy} batch {batch}")
 
 E, K = 6, 2
 

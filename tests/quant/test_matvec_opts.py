@@ -126,6 +126,16 @@ def test_gpu_matvec_unrolls_each_threads_blocks(row_upcast, rng: np.random.Gener
     with forced_gpu_sizes(sizes): src = cuda_source(lin(x * sum(sizes)))
     assert (src.count("uint4 val"), src.count("for (")) == (loads, loops), sizes
 
+def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: np.random.Generator):
+  """A folded norm's output axis (dot or squares, which no input is indexed by) is upcast: one workgroup computes both
+  for its rows, rather than a second set of workgroups summing only squares."""
+  rows, cols = 1024, 2048
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="packed_words")
+  x, g = (Tensor(rng.standard_normal(s, dtype=np.float32)).realize() for s in ((1, cols), (cols,)))
+  with forced_gpu_sizes((64, 1, 4)):
+    assert cuda_launch(lin.words.dot_and_squares(x, g)) == cuda_launch(lin(x * 5)) == ((rows // 4, 1, 1), (64, 1, 1))
+
 # the winners of the H100 sweeps (threads per row, rows per workgroup, rows per thread), or within 2% of them
 @pytest.mark.parametrize("rows,blocks,inner,sizes", [(8192, 64, 2, (32, 2, 4)), (2048, 64, 2, (64, 1, 4)), (3072, 64, 2, (64, 1, 4)),
                                                      (16384, 64, 2, (16, 4, 4)), (2048, 256, 2, (128, 1, 4)), (128256, 64, 4, (16, 4, 4)),
