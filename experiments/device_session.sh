@@ -10,7 +10,8 @@
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
-# A bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm-break): --SWITCH for each.
+# A check, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm-break): --SWITCH for each
+# (check takes --norm-fold alone).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail
@@ -45,7 +46,7 @@ for item in "$@"; do
   case $step in
     synth:*) out=$(model_path "${step#synth:}")
              [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
-    check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" || { status=1; break; } ;;
+    check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" || status=1 ;;
     tune:*) IFS=: read -r _ type shapes <<< "$step"
