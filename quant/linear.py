@@ -11,6 +11,7 @@
   tinygrad optimizes well, at the price of writing and reading the weights in fp32 (seed 003's "selective split").
 """
 from dataclasses import dataclass, field
+from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from ops.norm import NormedInput
@@ -95,9 +96,11 @@ class QuantLinear(_PackedWeight):
     return y if self.bias is None else y + self.bias
 
   def normed(self, n: NormedInput) -> Tensor:
-    """self(n.value()), with the norm folded into the matmul where the weights are words and activations exact: each
-    row's dot with x * weight is scaled by 1/rms(x) afterwards, the sum of squares coming from the same reduce."""
-    if self.words is None or self.rounding != "exact": return self(n.value())
+    """self(n.value()), with the norm folded into a matvec (one row of x) where the weights are words and activations
+    exact: each row's dot with x * weight is scaled by 1/rms(x) afterwards, the sum of squares coming from the same
+    reduce. A matmul of several rows (a prefill) reads the norm as before: tinygrad's GPU heuristic handles its
+    [rows, positions, 2] output badly (an H100 prefilled 10x slower)."""
+    if self.words is None or self.rounding != "exact" or prod(n.x.shape[:-1]) > 1: return self(n.value())
     x = n.x.cast(dtypes.float32)
     both = self.words.dot_and_squares(x, None if n.weight is None else n.weight.cast(dtypes.float32))
     y = both[..., 0] * (both[..., 1] / x.shape[-1] + n.eps).rsqrt()
