@@ -7,7 +7,7 @@ from collections import Counter
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen import to_program_cache
@@ -20,6 +20,7 @@ from experiments.steady import back_to_back_ms, queued
 from models.moe import MoE
 from models.runtime import Runtime, Timing
 from ops.topk import topk_by_name
+from profiles.hints import HINTS, Hints
 from quant.linear import StrategyPlan
 from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
@@ -34,9 +35,8 @@ class BenchConfig:
   strategy: str = "packed_dot"      # a StrategyPlan spec: "fused", "packed_dot,Q6_K=split", "packed_dot,ffn=split"
   rounding: str = "exact"
   fuse: bool = True
-  norm_break: bool = False          # each RMS norm's output realized before the matmul that reads it
+  norm: str = "fused"               # how matmuls read an RMS norm: fused, break (realized first) or fold (ops/norm.py NORMS)
   act_break: bool = True            # the FFN activation realized before the down matmul
-  norm_fold: bool = False           # each RMS norm's sum of squares computed inside the matmuls that read the norm
   row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
@@ -49,9 +49,19 @@ class BenchConfig:
   llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
+  hint_sources: dict[str, str] = field(default_factory=dict)   # where each kernel hint came from (profiles/hints.py)
+
+  @staticmethod
+  def from_hints(hints: Hints, **rest) -> "BenchConfig":
+    return BenchConfig(**hints.values, hint_sources=hints.sources, **rest)
+
+  def hints(self) -> dict:
+    """{name: {"value", "source"}} of every kernel hint; a hint set after resolving (an experiment's switch) is runtime."""
+    return {n: {"value": getattr(self, n), "source": self.hint_sources.get(n, "default")} for n in HINTS}
+
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm_break": self.norm_break, "act_break": self.act_break,
-            "norm_fold": self.norm_fold, "row_upcast": self.row_upcast,
+    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm": self.norm, "act_break": self.act_break,
+            "row_upcast": self.row_upcast,
             "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
@@ -64,8 +74,8 @@ class BenchConfig:
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm_break=self.norm_break,
-                   act_break=self.act_break, norm_fold=self.norm_fold)
+                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm=self.norm,
+                   act_break=self.act_break)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""
@@ -124,7 +134,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
-            "switches": cfg.switches(), "profile_file": rt.profile.name if rt.profile else None,
+            "switches": cfg.switches(), "hints": cfg.hints(), "profile_file": rt.profile.name if rt.profile else None,
             "matvec_shapes": {"gpu_compiled": len(set(compiled_shapes)), "untuned": untuned_matvec_shapes()},
             "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},

@@ -15,6 +15,7 @@ from tinygrad import Device
 from experiments.journal import file_sha256
 from experiments.kernels import replay_kernels
 from models.catalog import resolve_model
+from ops.norm import NORMS
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams
 
@@ -38,9 +39,9 @@ def run(rt: Runtime, ids: list[int], greedy: int) -> tuple[np.ndarray, list[int]
   logits = rt.prefill(ids)
   return logits.numpy()[0].astype(np.float64), list(rt.continue_from(logits, len(ids), greedy, Sampler(SamplerParams(temperature=0))))
 
-def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", norm_fold: bool = False) -> tuple[Runtime, str]:
+def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", norm: str = "fused") -> tuple[Runtime, str]:
   path = resolve_model(preset)
-  return Runtime(path, ctx, strategy, device=device, progress=False, norm_fold=norm_fold), file_sha256(path)
+  return Runtime(path, ctx, strategy, device=device, progress=False, norm=norm), file_sha256(path)
 
 def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int) -> None:
   seed = random.SystemRandom().randrange(1 << 31)
@@ -56,12 +57,12 @@ def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: in
   os.replace(tmp, out)
   print(f"wrote {len(cases)} CPU cases (prompt seed {seed}) to {out}")
 
-def against(ref_path: str, device: str, strategy: str = "packed_dot", norm_fold: bool = False) -> bool:
+def against(ref_path: str, device: str, strategy: str = "packed_dot", norm: str = "fused") -> bool:
   with open(ref_path) as f: ref = json.load(f)
   ok, runtimes = True, {}
   for case in ref["cases"]:
     if case["preset"] not in runtimes:
-      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, strategy, norm_fold)
+      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, strategy, norm)
     rt, sha = runtimes[case["preset"]]
     if sha != case["sha256"]:
       raise SystemExit(f"{case['preset']}: the file made here differs from the reference's (sha256 {sha[:12]} against {case['sha256'][:12]})")
@@ -71,7 +72,7 @@ def against(ref_path: str, device: str, strategy: str = "packed_dot", norm_fold:
     good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and tokens == case["greedy"]
     ok &= good
     greedy = "identical" if tokens == case["greedy"] else f"{tokens} against {case['greedy']}"
-    print(f"{case['preset']} on {device} ({strategy}{', norm_fold' if norm_fold else ''}) against CPU: logits rel err {rel:.2e}, "
+    print(f"{case['preset']} on {device} ({strategy}, norm {norm}) against CPU: logits rel err {rel:.2e}, "
           f"argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
           f"{greedy}, {graph_batches(rt)} graph launches per "
           "decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): " % position_dependent(rt)
@@ -87,7 +88,8 @@ def main() -> None:
   mode.add_argument("--against", metavar="FILE", help="run a reference's cases on --device and compare")
   p.add_argument("--device", default=Device.DEFAULT, help="the device checked (default: tinygrad's default)")
   p.add_argument("--strategy", default="packed_dot", help="matmul strategy spec checked against the reference (default packed_dot)")
-  p.add_argument("--norm-fold", action="store_true", help="check the device with norm_fold (the reference is the CPU's default)")
+  p.add_argument("--norm", choices=NORMS, default="fused", help="how matmuls read an RMS norm on the device checked (default fused, as "
+                 "the CPU reference)")
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
@@ -95,7 +97,7 @@ def main() -> None:
   if a.save:
     if not a.presets: p.error("--save needs presets")
     save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy)
-  else: sys.exit(0 if against(a.against, a.device, a.strategy, a.norm_fold) else 1)
+  else: sys.exit(0 if against(a.against, a.device, a.strategy, a.norm) else 1)
 
 if __name__ == "__main__":
   main()

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any, Callable
 import yaml
 from experiments.bench import BenchConfig, bench
+from profiles.hints import HINTS
 
 DEFS = Path(__file__).with_name("defs")
 # switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
-SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm_break": bool, "act_break": bool, "norm_fold": bool,
+SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool,
             "row_upcast": int, "skip": list, "topk": str, "beam": int,
             "jit_batch_size": int, "requant": str, "profile": bool}
 BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
@@ -72,11 +73,13 @@ def find(name: str, defs: Path = DEFS) -> Experiment:
 def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str, int] | None = None) -> BenchConfig:
   """The variant's switches over the experiment's bench sizes over `base`; `sizes` (from the command line) win over the experiment's."""
   sw = variant.switches
-  fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "norm_break": sw.get("norm_break"),
-            "act_break": sw.get("act_break"), "norm_fold": sw.get("norm_fold"), "row_upcast": sw.get("row_upcast"),
+  fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "norm": sw.get("norm"),
+            "act_break": sw.get("act_break"), "row_upcast": sw.get("row_upcast"),
             "skip": tuple(sw["skip"]) if "skip" in sw else None, "beam": sw.get("beam"), "jit_batch_size": sw.get("jit_batch_size"),
             "requant": sw.get("requant"), "topk": sw.get("topk"), "profile": sw.get("profile")}
-  return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **{k: v for k, v in fields.items() if v is not None})
+  chosen = {k: v for k, v in fields.items() if v is not None}
+  return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **chosen,
+                             hint_sources={**base.hint_sources, **{k: "runtime" for k in chosen if k in HINTS}})
 
 def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),
         only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:

@@ -5,7 +5,7 @@ from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
-from ops.norm import NormedInput
+from ops.norm import NORMS, NormedInput
 from ops.topk import topk_by_name
 from quant.linear import QuantExperts, QuantLinear, StrategyPlan
 from quant.qtensor import QTensor, concat_rows
@@ -16,11 +16,11 @@ LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
                progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise",
-               norm_break: bool = False, act_break: bool = True, norm_fold: bool = False):
+               norm: str = "fused", act_break: bool = True):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
-    if norm_break and norm_fold: raise ValueError("norm_break realizes the norm a matmul reads, norm_fold computes it inside: choose one")
-    self.g, self.device, self.rounding, self.fuse, self.skip, self.norm_break = g, device, rounding, fuse, frozenset(skip), norm_break
-    self.act_break, self.norm_fold = act_break, norm_fold
+    if norm not in NORMS: raise ValueError(f"unknown norm mode {norm!r} (choose from {', '.join(NORMS)})")
+    self.g, self.device, self.rounding, self.fuse, self.skip, self.norm = g, device, rounding, fuse, frozenset(skip), norm
+    self.act_break = act_break
     self.topk = topk_by_name(topk)
     self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)

@@ -12,6 +12,8 @@ def rms_norm(x: Tensor, weight: Tensor|None, eps: float) -> Tensor:
   if weight is not None: out = out * weight.cast(dtypes.float32)
   return out.cast(x.dtype)
 
+NORMS = ("fused", "break", "fold")   # how a matmul reads an RMS norm (models/blocks.py normed_input)
+
 @dataclass(frozen=True)
 class NormedInput:
   """rms_norm(x, weight, eps) as a matmul's input, left for the matmul to compute: one that can folds the norm into

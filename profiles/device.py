@@ -1,9 +1,13 @@
 """Device profiles: what was tuned on one device, in `profiles/<backend>-<device>.yaml`, found by the device's name.
 
-Today a profile holds the GPU matvec sizes found fastest per kernel shape (`tinyzoo matvec --shape ... --gpu-sizes grid
---save-best`), with the GB/s each reached:
+A profile holds kernel hints for the device (profiles/hints.py: below runtime flags, above a model's manifest) and the
+GPU matvec sizes found fastest per kernel shape (`tinyzoo matvec --shape ... --gpu-sizes grid --save-best`), with the
+GB/s each reached:
 
   device: 'CUDA: NVIDIA H100 80GB HBM3'
+  hints:
+    strategy: packed_words
+    norm: break
   matvec_sizes:
     2048x256x4x4x2: {sizes: '64,2,2', gb_s: 355.1}
 """
@@ -14,6 +18,8 @@ import subprocess
 from pathlib import Path
 import yaml
 from tinygrad import Device
+from profiles.hints import MANIFEST_PREFIX, Hints, check, from_env, from_manifest, resolve
+from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes, use_tuned_sizes
 
 PROFILES = Path(__file__).parent
@@ -40,16 +46,23 @@ def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
 def load(path: Path) -> dict:
-  """A profile's contents, validated: {'device': str, 'matvec_sizes': {shape: {'sizes': (T, B, R[, U]), 'gb_s': float}}}."""
+  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, U]),
+  'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
     raise ProfileError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-  if root is None: return {"device": None, "matvec_sizes": {}}
-  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, matvec_sizes)")
-  out: dict = {"device": None, "matvec_sizes": {}}
+  out: dict = {"device": None, "hints": {}, "matvec_sizes": {}}
+  if root is None: return out
+  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, hints, matvec_sizes)")
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
+    elif key.value == "hints":
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "hints maps hint names to values (e.g. norm: break)")
+      for name, v in value.value:
+        if not isinstance(v, yaml.ScalarNode): raise _fail(path, v, f"hint {name.value}: a value, not a list or mapping")
+        try: out["hints"][name.value] = check(name.value, v.value)
+        except ValueError as e: raise _fail(path, name, str(e)) from None
     elif key.value == "matvec_sizes":
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,U]', gb_s: N}")
       for shape, entry in value.value:
@@ -57,19 +70,20 @@ def load(path: Path) -> dict:
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
         except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None
-    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, matvec_sizes)")
+    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, matvec_sizes)")
   return out
 
 def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
   """Merges {shape: (sizes, gb_s)} into the profile at `path` (a shape measured again is replaced), written atomically."""
-  table = load(path)["matvec_sizes"] if path.exists() else {}
+  old = load(path) if path.exists() else {"hints": {}, "matvec_sizes": {}}
+  table = old["matvec_sizes"]
   table.update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
   entries = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(table.items())}
-  doc = {"device": device, "matvec_sizes": entries}
+  doc = {"device": device, **({"hints": old["hints"]} if old["hints"] else {}), "matvec_sizes": entries}
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text("# written by `tinyzoo matvec --save-best`: GPU matvec sizes (threads per row, rows per workgroup, rows per thread[,\n"
-                 "# blocks per thread unrolled])\n"
-                 "# found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
+  tmp.write_text("# this device's kernel hints (profiles/hints.py; each from a measured run, see the journal), and, written by\n"
+                 "# `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, blocks per\n"
+                 "# thread unrolled]) found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 
 def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Path | None:
@@ -80,3 +94,16 @@ def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Pa
     return None
   use_tuned_sizes({shape: e["sizes"] for shape, e in load(path)["matvec_sizes"].items()})
   return path
+
+def profile_hints(device: str | None = None, folder: Path = PROFILES) -> tuple[dict, Path | None]:
+  """The hints of this device's profile and its path; ({}, None) without one."""
+  path = profile_path(device or device_name(), folder)
+  return (load(path)["hints"], path) if path.exists() else ({}, None)
+
+def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path = PROFILES) -> tuple[Hints, Path | None]:
+  """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (unless
+  `profile` is off) over the file's manifest over the defaults; and the profile's path, or None."""
+  hints, path = profile_hints(folder=folder) if profile else ({}, None)
+  g = GGUFFile(model)
+  manifest = from_manifest({k: g.get(k) for k in g.keys() if k.startswith(MANIFEST_PREFIX)}, g.path)
+  return resolve({**from_env(), **runtime}, hints, manifest), path

@@ -55,6 +55,8 @@ class GGUFFile:
 
   def __contains__(self, key: str) -> bool: return key in self.reader.fields
 
+  def keys(self) -> list[str]: return list(self.reader.fields)
+
   def get(self, key: str, default: Any = None) -> Any:
     """The value of a metadata key (str, int, float, bool, or a list of them), or default when absent."""
     field = self.reader.fields.get(key)

@@ -67,25 +67,38 @@ def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
   logits(args)
 
-def bench_config(args):
+def model_hints(args, path):
+  """The kernel hints for the model at `path`: the flags given (and TINYZOO_HINTS) over this device's profile (unless
+  --no-profile) over the model's manifest over the defaults."""
+  from profiles.device import resolve_hints
+  from profiles.hints import HINTS
+  return resolve_hints(path, {n: v for n in HINTS if (v := getattr(args, n, None)) is not None}, profile=not args.no_profile)[0]
+
+def bench_config(args, path):
   from experiments.bench import BenchConfig
-  from quant.linear import StrategyPlan
   for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1))):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  StrategyPlan.parse(args.strategy)
-  return BenchConfig(prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup, ctx=args.ctx, strategy=args.strategy,
-                     rounding=args.rounding, fuse=not args.no_fuse, norm_break=args.norm_break, act_break=not args.no_act_break,
-                     norm_fold=args.norm_fold, row_upcast=args.row_upcast, skip=tuple(args.skip),
-                     topk=args.topk, beam=args.beam,
-                     jit_batch_size=args.jit_batch_size, requant=args.requant, profile=not args.no_profile,
-                     bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
-                     llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
+  return BenchConfig.from_hints(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup,
+                                ctx=args.ctx, rounding=args.rounding, skip=tuple(args.skip), requant=args.requant, profile=not args.no_profile,
+                                bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
+                                llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
+
+def cmd_hints(args) -> None:
+  import json
+  from profiles.device import resolve_hints
+  from profiles.hints import ENV, HINTS
+  hints, where = resolve_hints(path := resolve_model(args.model), {}, profile=True)
+  if args.json: return print(json.dumps({"hints": hints.as_dict()}))
+  print(f"kernel hints for {path.name}: runtime ({ENV}) > profile ({where or 'none for this device'}) > manifest "
+        f"(the file's tinyzoo.hints.*) > default")
+  for name, hint in HINTS.items():
+    print(f"  {name:<15} {str(hints[name]):<22} {hints.sources[name]:<9} {hint.help}")
 
 def cmd_bench(args) -> None:
   from experiments import journal
   from experiments.bench import bench, dump, table
-  record = bench(resolve_model(args.model), model_label(args.model), bench_config(args))
+  record = bench(path := resolve_model(args.model), model_label(args.model), bench_config(args, path))
   if not args.no_journal: journal.append(record)
   print(dump(record) if args.json else table([record]))
 
@@ -93,7 +106,7 @@ def cmd_profile(args) -> None:
   import json
   from experiments.profile import as_json, ncu_kernel_times, profile_model, report
   if args.ncu: title, rows, note = ncu_kernel_times([a for a in sys.argv[2:] if a not in ("--ncu", "--json")])
-  else: title, rows, note = profile_model(resolve_model(args.model), model_label(args.model), bench_config(args), args.repeats)
+  else: title, rows, note = profile_model(path := resolve_model(args.model), model_label(args.model), bench_config(args, path), args.repeats)
   print(json.dumps({"title": title, "note": note, "kernels": as_json(rows)}, indent=1) if args.json else report(title, rows, note, args.all))
 
 def cmd_exp(args) -> None:
@@ -112,7 +125,8 @@ def cmd_exp(args) -> None:
       if not args.no_journal: journal.append(record)
       m = record["metrics"]
       print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
-    base = BenchConfig(peer=not args.no_peer, llama_bench=args.llama_bench)
+    from profiles.device import resolve_hints
+    base = BenchConfig.from_hints(resolve_hints(resolve_model(args.model or exp.model), {})[0], peer=not args.no_peer, llama_bench=args.llama_bench)
     records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=note)
     print(named.results_table(records))
 
@@ -129,27 +143,28 @@ def cmd_synth(args) -> None:
 def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> None:
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
+  from ops.norm import NORMS
   from ops.topk import TOPK_ALGORITHMS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
-  s.add_argument("--strategy", default="packed_dot", metavar="SPEC",
+  s.add_argument("--strategy", metavar="SPEC",
                  help=f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed by per-type and FFN overrides, "
                       "e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (default packed_dot)")
   s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
                  help=f"exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path does: 8-bit activations "
                       f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
                       f"see README). Default {rounding}")
-  s.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls instead of one per GGML type")
-  s.add_argument("--norm-break", action="store_true", help="realize each RMS norm's output before the matmul that reads it: one more small "
-                 "kernel per norm; the matvec then reads a plain vector (fewer registers on a GPU)")
-  s.add_argument("--norm-fold", action="store_true", help="sum each RMS norm's squares inside the matmuls that read the norm "
-                 "(packed_words weights, exact rounding), beside their dot products: one small kernel fewer per norm")
-  s.add_argument("--no-act-break", action="store_true", help="compute the FFN activation inside the down matmul instead of realizing it "
-                 "first: one kernel fewer per FFN, but the matvec recomputes the activation for each group of rows (slower on CPUs and GPUs)")
-  s.add_argument("--topk", choices=TOPK_ALGORITHMS, default="pairwise",
+  on_off = argparse.BooleanOptionalAction
+  s.add_argument("--fuse", action=on_off, help="q/k/v and gate/up as one matmul per GGML type (default on; --no-fuse keeps them apart)")
+  s.add_argument("--norm", choices=NORMS, help="how matmuls read an RMS norm: fused (computed inside them; the default), break (realized "
+                 "first: one small kernel more per norm, and the matvec reads one plain vector: faster on a GPU) or fold (its squares "
+                 "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
+  s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
+                 "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")
+  s.add_argument("--topk", choices=TOPK_ALGORITHMS,
                  help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
-  s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): GPU matvecs get the "
-                 "built-in sizes instead of the ones tuned per kernel shape")
-  add_row_upcast_option(s)
+  s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
+                 "matvec sizes tuned per kernel shape (the built-in ones instead)")
+  add_row_upcast_option(s, hint=True)
 
 def add_bench_options(s: argparse.ArgumentParser) -> None:
   """Sizes of a decode benchmark and the switches only experiments need."""
@@ -158,13 +173,14 @@ def add_bench_options(s: argparse.ArgumentParser) -> None:
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
   s.add_argument("--skip", action="append", default=[], choices=SKIPPABLE,
                  help="leave this component out of every block, to measure the rest alone (repeatable)")
-  s.add_argument("--beam", type=int, default=0, help="tinygrad BEAM search width for the decode kernels (default 0: heuristics; slow to compile)")
-  s.add_argument("--jit-batch-size", type=int, default=32, help="kernels per graph batch where the backend has graphs (default 32)")
+  s.add_argument("--beam", type=int, help="tinygrad BEAM search width for the decode kernels (default 0: heuristics; slow to compile)")
+  s.add_argument("--jit-batch-size", type=int, help="kernels per graph batch where the backend has graphs (default 32)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
 
-def add_row_upcast_option(s: argparse.ArgumentParser) -> None:
+def add_row_upcast_option(s: argparse.ArgumentParser, hint: bool = False) -> None:
+  """As a kernel hint (`hint`) the flag is left unset unless given, so that a profile or manifest can set it."""
   from quant.matvec_opts import DEFAULT_ROW_UPCAST
-  s.add_argument("--row-upcast", type=int, default=DEFAULT_ROW_UPCAST, metavar="N",
+  s.add_argument("--row-upcast", type=int, default=None if hint else DEFAULT_ROW_UPCAST, metavar="N",
                  help=f"CPU matvec kernels compute N output rows at once with the reduce unrolled by 4 (default {DEFAULT_ROW_UPCAST}); "
                       "0 leaves them to tinygrad's heuristic")
 
@@ -289,6 +305,15 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_plot)
 
   from models.synth import PRESETS, QUANTS
+  s = sub.add_parser("hints", help="the kernel hints a model gets on this device, each with its value and where it came from",
+                     description="Kernel hints are the switches that change which kernels run (profiles/hints.py). Each is resolved by "
+                                 "one priority: runtime (flags of run/bench/profile, or TINYZOO_HINTS='name=value,...') > this device's "
+                                 "profile (profiles/<device>.yaml, hints:) > the model file's manifest (metadata tinyzoo.hints.<name>) > "
+                                 "the built-in default. This command shows the runtime part of the environment only.")
+  s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
+  s.add_argument("--json", action="store_true", help='print {"hints": {name: {"value": ..., "source": ...}}}')
+  s.set_defaults(fn=cmd_hints)
+
   s = sub.add_parser("synth", help="write a synthetic GGUF with a real model's shapes and seeded random weights",
                      description="Writes a GGUF with the shapes, metadata and tokenizer kind of a named model, seeded random weights in real "
                                  "block layouts and a valid tokenizer; general.name says it is synthetic. llama.cpp loads every preset. "

@@ -26,7 +26,13 @@ def test_save_merges_and_use_applies(tmp_path: Path):
 
 @pytest.mark.parametrize("text,error", [
   ("device: x\nmatvec_sizes:\n  2048x256: {sizes: '64,2', gb_s: 1}\n", ":3: 2048x256: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"),
-  ("device: x\nhints: {}\n", ":2: unknown key 'hints'"),
+  ("device: x\nhint: {}\n", ":2: unknown key 'hint'"),
+  ("device: x\nhints:\n  norm: break\n  beams: 2\n", ":4: unknown hint 'beams' (known: strategy,"),
+  ("device: x\nhints:\n  act_break: maybe\n", ":3: hint act_break: 'maybe' is not true or false"),
+  ("device: x\nhints:\n  norm: realized\n", ":3: hint norm: 'realized' is not one of fused, break, fold"),
+  ("device: x\nhints:\n  strategy: packed_dot,Q6_K=fast\n", ":3: hint strategy: unknown matmul strategy 'fast'"),
+  ("device: x\nhints:\n  row_upcast: [8]\n", ":3: hint row_upcast: a value, not a list or mapping"),
+  ("device: x\nhints: [norm]\n", ":2: hints maps hint names to values"),
   ("device: x\nmatvec_sizes:\n  q4_0: {sizes: '1,1,1'}\n", ":3: 'q4_0' is no kernel shape"),
   ("device: x\nmatvec_sizes: [1, 2]\n", ":2: matvec_sizes maps kernel shapes"),
   ("device: [x\n", ":2: not valid YAML"),

@@ -1,0 +1,108 @@
+"""Kernel hints: the switches that change which kernels a model runs, each resolved by one fixed priority:
+
+  runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value,..." (the flags win)
+  profile   this device's profile, profiles/<device>.yaml, under `hints:`
+  manifest  the model file's metadata, `tinyzoo.hints.<name>` (written when a model is converted)
+  default   built in
+
+`resolve` gives every hint its value and the source it came from; bench, run, profile and exp build models from the
+resolved hints, and journal records store them.
+"""
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+from ops.norm import NORMS
+from ops.topk import TOPK_ALGORITHMS
+from quant.linear import StrategyPlan
+from quant.matvec_opts import DEFAULT_ROW_UPCAST
+
+SOURCES = ("runtime", "profile", "manifest", "default")
+ENV = "TINYZOO_HINTS"
+MANIFEST_PREFIX = "tinyzoo.hints."
+
+def _bool(v: Any) -> bool:
+  if isinstance(v, bool): return v
+  if (s := str(v).strip().lower()) in ("1", "true", "yes", "on"): return True
+  if s in ("0", "false", "no", "off"): return False
+  raise ValueError(f"{v!r} is not true or false")
+
+def _count(v: Any) -> int:
+  if isinstance(v, bool) or not str(v).strip().isdigit(): raise ValueError(f"{v!r} is not a whole number >= 0")
+  return int(v)
+
+def _row_upcast(v: Any) -> int:
+  if (n := _count(v)) & (n - 1): raise ValueError(f"{n} is neither 0 nor a power of two")
+  return n
+
+def _topk(v: Any) -> str:
+  if v not in TOPK_ALGORITHMS: raise ValueError(f"{v!r} is not one of {', '.join(TOPK_ALGORITHMS)}")
+  return v
+
+def _norm(v: Any) -> str:
+  if v not in NORMS: raise ValueError(f"{v!r} is not one of {', '.join(NORMS)}")
+  return v
+
+def _strategy(v: Any) -> str: return StrategyPlan.parse(str(v)).spec()
+
+@dataclass(frozen=True)
+class Hint:
+  default: Any
+  parse: Callable[[Any], Any]   # a value as written (str from YAML, metadata or the environment) -> the value, or ValueError
+  help: str
+
+HINTS: dict[str, Hint] = {
+  "strategy": Hint("packed_dot", _strategy, "how matmuls read packed weights, per GGML type or FFN (quant/linear.py)"),
+  "topk": Hint("pairwise", _topk, "MoE routing's top-k: pairwise ranks or tinygrad's sort"),
+  "fuse": Hint(True, _bool, "q/k/v and gate/up as one matmul per GGML type"),
+  "norm": Hint("fused", _norm, "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
+               "first) or fold (its squares summed inside the matvecs)"),
+  "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
+  "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
+  "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
+  "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),
+}
+
+def check(name: str, value: Any) -> Any:
+  """The value of hint `name` as written; ValueError for an unknown name or a bad value."""
+  if name not in HINTS: raise ValueError(f"unknown hint {name!r} (known: {', '.join(HINTS)})")
+  try: return HINTS[name].parse(value)
+  except ValueError as e: raise ValueError(f"hint {name}: {e}") from None
+
+@dataclass(frozen=True)
+class Hints:
+  values: dict[str, Any]
+  sources: dict[str, str]
+
+  def __getitem__(self, name: str) -> Any: return self.values[name]
+
+  def as_dict(self) -> dict[str, dict[str, Any]]:
+    """{name: {"value": ..., "source": ...}}, as `tinyzoo hints --json` prints it and journal records store it."""
+    return {n: {"value": self.values[n], "source": self.sources[n]} for n in HINTS}
+
+def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> Hints:
+  """Each hint from the first source that sets it: runtime, profile, manifest, else its default (every value checked)."""
+  values, sources = {}, {}
+  for name, hint in HINTS.items():
+    source, value = next(((s, layer[name]) for s, layer in zip(SOURCES, (runtime, profile, manifest)) if layer and name in layer),
+                         ("default", hint.default))
+    values[name], sources[name] = check(name, value), source
+  return Hints(values, sources)
+
+def from_env(environ: os._Environ | dict = os.environ) -> dict[str, Any]:
+  """The runtime hints of TINYZOO_HINTS="name=value,...", checked."""
+  out = {}
+  for item in filter(None, (i.strip() for i in environ.get(ENV, "").split(","))):
+    name, eq, value = item.partition("=")
+    if not eq: raise ValueError(f"{ENV}: {item!r} is not name=value")
+    try: out[name.strip()] = check(name.strip(), value.strip())
+    except ValueError as e: raise ValueError(f"{ENV}: {e}") from None
+  return out
+
+def from_manifest(metadata: dict[str, Any], where: str) -> dict[str, Any]:
+  """The hints a model file's metadata carries (`tinyzoo.hints.<name>`), checked; `where` names the file in errors."""
+  out = {}
+  for key, value in metadata.items():
+    if key.startswith(MANIFEST_PREFIX):
+      try: out[key.removeprefix(MANIFEST_PREFIX)] = check(key.removeprefix(MANIFEST_PREFIX), value)
+      except ValueError as e: raise ValueError(f"{where}: metadata {key}: {e}") from None
+  return out
