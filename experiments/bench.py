@@ -24,7 +24,7 @@ from profiles.hints import HINTS, Hints
 from quant.linear import StrategyPlan
 from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
-from quant.matvec_opts import DEFAULT_ROW_UPCAST, compiled_shapes, untuned_matvec_shapes
+from quant.matvec_opts import compiled_shapes, untuned_matvec_shapes
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -32,18 +32,19 @@ class BenchConfig:
   tokens: int = 64
   warmup: int = 4
   ctx: int | None = None
-  strategy: str = "packed_dot"      # a StrategyPlan spec: "fused", "packed_dot,Q6_K=split", "packed_dot,ffn=split"
+  # the kernel hints (profiles/hints.py says what each does), by default their built-in defaults
+  strategy: str = HINTS["strategy"].default
+  fuse: bool = HINTS["fuse"].default
+  norm: str = HINTS["norm"].default
+  act_break: bool = HINTS["act_break"].default
+  row_upcast: int = HINTS["row_upcast"].default
+  topk: str = HINTS["topk"].default
+  beam: int = HINTS["beam"].default
+  jit_batch_size: int = HINTS["jit_batch_size"].default
   rounding: str = "exact"
-  fuse: bool = True
-  norm: str = "fused"               # how matmuls read an RMS norm: fused, break (realized first) or fold (ops/norm.py NORMS)
-  act_break: bool = True            # the FFN activation realized before the down matmul
-  row_upcast: int = DEFAULT_ROW_UPCAST
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
-  topk: str = "pairwise"            # MoE routing's top-k: pairwise ranks or tinygrad's sort
-  beam: int = 0                     # tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)
-  jit_batch_size: int = 32          # kernels per graph batch on backends with graphs (tinygrad's JIT_BATCH_SIZE)
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
-  profile: bool = True              # apply this device's profile (GPU matvec sizes tuned per kernel shape) if it has one
+  profile: bool = True              # apply this device's profile (its hints, GPU matvec sizes tuned per kernel shape) if it has one
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)

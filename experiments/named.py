@@ -81,13 +81,17 @@ def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str
   return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **chosen,
                              hint_sources={**base.hint_sources, **{k: "runtime" for k in chosen if k in HINTS}})
 
+def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
+  """The baseline, then every variant or the `only` ones; an unknown name is an error."""
+  if only and (unknown := set(only) - {v.name for v in exp.all_variants}):
+    raise ExperimentError(f"{exp.name} has no variant {sorted(unknown)[0]!r} (variants: {', '.join(v.name for v in exp.all_variants)})")
+  return [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
+
 def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),
         only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
   """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
   experiment's); llama.cpp, when installed, is measured once, beside the baseline. Returns the records."""
-  chosen = [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
-  if only and (unknown := set(only) - {v.name for v in exp.all_variants}):
-    raise ExperimentError(f"{exp.name} has no variant {sorted(unknown)[0]!r} (variants: {', '.join(v.name for v in exp.all_variants)})")
+  chosen = chosen_variants(exp, only)
   name = model or exp.model
   path = model_path(name)
   run_id = f"{exp.name}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"

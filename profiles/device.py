@@ -95,12 +95,12 @@ def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Pa
   use_tuned_sizes({shape: e["sizes"] for shape, e in load(path)["matvec_sizes"].items()})
   return path
 
-def profile_hints(device: str | None = None, folder: Path = PROFILES) -> tuple[dict, Path | None]:
-  """The hints of this device's profile and its path; ({}, None) without one."""
-  path = profile_path(device or device_name(), folder)
+def profile_hints(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
+  """The hints of this device's profile (in `folder`, default profiles/) and its path; ({}, None) without one."""
+  path = profile_path(device or device_name(), folder or PROFILES)
   return (load(path)["hints"], path) if path.exists() else ({}, None)
 
-def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path = PROFILES) -> tuple[Hints, Path | None]:
+def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> tuple[Hints, Path | None]:
   """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (unless
   `profile` is off) over the file's manifest over the defaults; and the profile's path, or None."""
   hints, path = profile_hints(folder=folder) if profile else ({}, None)

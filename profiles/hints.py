@@ -1,8 +1,8 @@
 """Kernel hints: the switches that change which kernels a model runs, each resolved by one fixed priority:
 
-  runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value,..." (the flags win)
+  runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value;..." (the flags win)
   profile   this device's profile, profiles/<device>.yaml, under `hints:`
-  manifest  the model file's metadata, `tinyzoo.hints.<name>` (written when a model is converted)
+  manifest  the model file's metadata, `tinyzoo.hints.<name>` (for conversion to write; read today)
   default   built in
 
 `resolve` gives every hint its value and the source it came from; bench, run, profile and exp build models from the
@@ -89,9 +89,9 @@ def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | Non
   return Hints(values, sources)
 
 def from_env(environ: os._Environ | dict = os.environ) -> dict[str, Any]:
-  """The runtime hints of TINYZOO_HINTS="name=value,...", checked."""
+  """The runtime hints of TINYZOO_HINTS="name=value;...", checked (items apart by ';': a strategy spec has commas)."""
   out = {}
-  for item in filter(None, (i.strip() for i in environ.get(ENV, "").split(","))):
+  for item in filter(None, (i.strip() for i in environ.get(ENV, "").split(";"))):
     name, eq, value = item.partition("=")
     if not eq: raise ValueError(f"{ENV}: {item!r} is not name=value")
     try: out[name.strip()] = check(name.strip(), value.strip())

@@ -126,7 +126,9 @@ def cmd_exp(args) -> None:
       m = record["metrics"]
       print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
     from profiles.device import resolve_hints
-    base = BenchConfig.from_hints(resolve_hints(resolve_model(args.model or exp.model), {})[0], peer=not args.no_peer, llama_bench=args.llama_bench)
+    named.chosen_variants(exp, args.variant)
+    hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)[0]
+    base = BenchConfig.from_hints(hints, profile=not args.no_profile, peer=not args.no_peer, llama_bench=args.llama_bench)
     records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=note)
     print(named.results_table(records))
 
@@ -148,20 +150,23 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", metavar="SPEC",
                  help=f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed by per-type and FFN overrides, "
-                      "e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (default packed_dot)")
+                      "e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (a kernel hint: default packed_dot, or what this device's profile "
+                      "or the model's manifest says; `tinyzoo hints` shows it)")
   s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
                  help=f"exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path does: 8-bit activations "
                       f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
                       f"see README). Default {rounding}")
   on_off = argparse.BooleanOptionalAction
   s.add_argument("--fuse", action=on_off, help="q/k/v and gate/up as one matmul per GGML type (default on; --no-fuse keeps them apart)")
-  s.add_argument("--norm", choices=NORMS, help="how matmuls read an RMS norm: fused (computed inside them; the default), break (realized "
+  s.add_argument("--norm", choices=NORMS, help="how matmuls read an RMS norm (a kernel hint, like every switch below but --rounding, "
+                 "--no-profile and --ctx): fused (computed inside them; the built-in default), break (realized "
                  "first: one small kernel more per norm, and the matvec reads one plain vector: faster on a GPU) or fold (its squares "
                  "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
   s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
                  "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS,
-                 help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels) or sort (tinygrad's Tensor.topk). Default pairwise")
+                 help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels in a model) or sort "
+                      "(tinygrad's Tensor.topk). Default pairwise")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_row_upcast_option(s, hint=True)
@@ -287,6 +292,8 @@ def parser() -> argparse.ArgumentParser:
   e.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
   e.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
   e.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
+  e.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
+                 "variants' switches apply over either), and the built-in GPU matvec sizes")
   e.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
   e.add_argument("--no-journal", action="store_true", help="do not append the records to experiments/journal.jsonl")
   s.set_defaults(fn=cmd_exp)
@@ -307,7 +314,7 @@ def parser() -> argparse.ArgumentParser:
   from models.synth import PRESETS, QUANTS
   s = sub.add_parser("hints", help="the kernel hints a model gets on this device, each with its value and where it came from",
                      description="Kernel hints are the switches that change which kernels run (profiles/hints.py). Each is resolved by "
-                                 "one priority: runtime (flags of run/bench/profile, or TINYZOO_HINTS='name=value,...') > this device's "
+                                 "one priority: runtime (flags of run/bench/profile, or TINYZOO_HINTS='name=value;...') > this device's "
                                  "profile (profiles/<device>.yaml, hints:) > the model file's manifest (metadata tinyzoo.hints.<name>) > "
                                  "the built-in default. This command shows the runtime part of the environment only.")
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")

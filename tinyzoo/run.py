@@ -13,7 +13,8 @@ def load(args) -> tuple[Runtime, Context]:
   rt = Runtime(path, max_context=args.ctx, strategy=h["strategy"], rounding=args.rounding, fuse=h["fuse"], progress=sys.stderr.isatty(),
                row_upcast=h["row_upcast"], topk=h["topk"], norm=h["norm"], act_break=h["act_break"],
                profile=not args.no_profile)
-  return rt, Context(BEAM=h["beam"], JIT_BATCH_SIZE=h["jit_batch_size"])
+  # hints at their defaults leave tinygrad's own BEAM and JIT_BATCH_SIZE environment in force
+  return rt, Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"})
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)
