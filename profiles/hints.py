@@ -2,7 +2,7 @@
 
   runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value;..." (the flags win)
   profile   this device's profile, profiles/<device>.yaml, under `hints:`
-  manifest  the model file's metadata, `tinyzoo.hints.<name>` (for conversion to write; read today)
+  manifest  the model file's metadata, `tinyzoo.hints.<name>` (written by `tinyzoo convert --hints`)
   default   built in
 
 `resolve` gives every hint its value and the source it came from; bench, run, profile and exp build models from the
@@ -88,15 +88,19 @@ def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | Non
     values[name], sources[name] = check(name, value), source
   return Hints(values, sources)
 
-def from_env(environ: os._Environ | dict = os.environ) -> dict[str, Any]:
-  """The runtime hints of TINYZOO_HINTS="name=value;...", checked (items apart by ';': a strategy spec has commas)."""
+def parse(spec: str, where: str) -> dict[str, Any]:
+  """Hints written "name=value;..." (items apart by ';': a strategy spec has commas), checked; `where` names them in errors."""
   out = {}
-  for item in filter(None, (i.strip() for i in environ.get(ENV, "").split(";"))):
+  for item in filter(None, (i.strip() for i in spec.split(";"))):
     name, eq, value = item.partition("=")
-    if not eq: raise ValueError(f"{ENV}: {item!r} is not name=value")
+    if not eq: raise ValueError(f"{where}: {item!r} is not name=value")
     try: out[name.strip()] = check(name.strip(), value.strip())
-    except ValueError as e: raise ValueError(f"{ENV}: {e}") from None
+    except ValueError as e: raise ValueError(f"{where}: {e}") from None
   return out
+
+def from_env(environ: os._Environ | dict = os.environ) -> dict[str, Any]:
+  """The runtime hints of TINYZOO_HINTS="name=value;..."."""
+  return parse(environ.get(ENV, ""), ENV)
 
 def from_manifest(metadata: dict[str, Any], where: str) -> dict[str, Any]:
   """The hints a model file's metadata carries (`tinyzoo.hints.<name>`), checked; `where` names the file in errors."""

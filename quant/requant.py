@@ -12,6 +12,7 @@ complete), but by hand: gguf_write infers metadata types from Python values, whi
 import os
 import struct
 from pathlib import Path
+from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, GGUFEndian, GGUFValueType as V, LlamaFileType as F, quants
 from tqdm import tqdm
@@ -39,16 +40,24 @@ def requantized_copy(src: str | os.PathLike, ggml_type: "T | str", out: str | os
   """Writes (or finds) the copy of GGUF `src` with its weights in `ggml_type` (see the module doc) and returns its
   path: `out`, by default cache_dir()/requant/<src stem>.<TYPE>.gguf. An existing `out` newer than `src` is reused."""
   t, src = ggml_type_of(ggml_type), Path(src)
-  if t not in SUPPORTED: raise ValueError(f"cannot requantize to {t.name} (supported: {', '.join(s.name for s in SUPPORTED)})")
   out = Path(out) if out is not None else default_path(src, t)
+  if out.exists() and src.exists() and out.resolve() != src.resolve() and out.stat().st_mtime > src.stat().st_mtime: return out
+  return write_copy(src, out, t, lambda info: requantizes(info, t))
+
+Metadata = dict[str, str | int | bool]
+
+def write_copy(src: str | os.PathLike, out: str | os.PathLike, t: T, select: Callable[[TensorInfo], bool], metadata: Metadata | None = None) -> Path:
+  """Writes the copy of `src` at `out` with the tensors `select` picks (of those `requantizes` allows) in `t` and the
+  keys of `metadata` set (added, or replacing the source's), whole or not at all; returns `out`."""
+  src, out = Path(src), Path(out)
+  if t not in SUPPORTED: raise ValueError(f"cannot requantize to {t.name} (supported: {', '.join(s.name for s in SUPPORTED)})")
   if out.exists() and src.exists() and out.resolve() == src.resolve(): raise ValueError(f"{out}: the copy would overwrite its source")
-  if out.exists() and out.stat().st_mtime > src.stat().st_mtime: return out
   g = GGUFFile(src)
   if g.reader.endianess != GGUFEndian.LITTLE: raise g.fail("big-endian GGUF files are not supported")
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
   try:
-    with open(tmp, "wb") as f: _write(f, g, t)
+    with open(tmp, "wb") as f: _write(f, g, t, lambda info: requantizes(info, t) and select(info), metadata or {})
     os.replace(tmp, out)
   finally: tmp.unlink(missing_ok=True)
   return out
@@ -60,28 +69,33 @@ def _string(s: str | bytes) -> bytes:
 def _kv(key: str, vtype: V, value) -> bytes:
   return _string(key) + struct.pack("<I", vtype) + (_string(value) if vtype == V.STRING else struct.pack("<" + _SCALARS[vtype], value))
 
-def _metadata(g: GGUFFile, t: T) -> list[bytes]:
-  """Every key-value pair as its bytes in the file, with general.name and general.file_type replaced (or added)."""
+def _vtype(value: str | int | bool) -> V: return V.STRING if isinstance(value, str) else V.BOOL if isinstance(value, bool) else V.UINT32
+
+def _metadata(g: GGUFFile, t: T, extra: Metadata) -> list[bytes]:
+  """Every key-value pair as its bytes in the file, with general.name, general.file_type and the `extra` keys replaced
+  (or added)."""
   data, fields = g.reader.data, g.reader.fields
-  new = {"general.name": f"{g.get('general.name') or Path(g.path).stem} (requantized to {t.name})", "general.file_type": int(FILE_TYPES[t])}
+  new = {"general.name": f"{g.get('general.name') or Path(g.path).stem} (requantized to {t.name})", "general.file_type": int(FILE_TYPES[t]),
+         **extra}
   kvs = []
   for key, field in fields.items():
     if key.startswith("GGUF."): continue   # the reader's view of the header, not metadata
-    if key in new:   # general.file_type keeps the integer type it had
+    if key == "general.file_type":   # keeps the integer type it had
       keep = len(field.types) == 1 and field.types[0] in _SCALARS and field.types[0] not in (V.FLOAT32, V.FLOAT64, V.BOOL)
-      kvs.append(_kv(key, V.STRING if key == "general.name" else field.types[0] if keep else V.UINT32, new.pop(key)))
+      kvs.append(_kv(key, field.types[0] if keep else V.UINT32, new.pop(key)))
+    elif key in new: kvs.append(_kv(key, _vtype(new[key]), new.pop(key)))
     else: kvs.append(bytes(data[field.offset:field.offset + sum(p.nbytes for p in field.parts)]))
-  kvs += [_kv(k, V.STRING if isinstance(v, str) else V.UINT32, v) for k, v in new.items()]
+  kvs += [_kv(k, _vtype(v), v) for k, v in new.items()]
   return kvs
 
 def _pad(f, align: int) -> None: f.write(bytes(-f.tell() % align))
 
-def _write(f, g: GGUFFile, t: T) -> None:
+def _write(f, g: GGUFFile, t: T, select: Callable[[TensorInfo], bool], extra: Metadata) -> None:
   infos, align = list(g.tensors.values()), int(g.reader.alignment)
-  targets = [t if requantizes(i, t) else None for i in infos]
+  targets = [t if select(i) else None for i in infos]
   sizes = [i.nbytes if tt is None else int(np.prod(i.shape[:-1], dtype=np.int64)) * (i.shape[-1] // GGML_QUANT_SIZES[t][0]) * GGML_QUANT_SIZES[t][1]
            for i, tt in zip(infos, targets)]
-  kvs = _metadata(g, t)
+  kvs = _metadata(g, t, extra)
   f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)))
   for kv in kvs: f.write(kv)
   offset = 0

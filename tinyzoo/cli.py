@@ -138,6 +138,15 @@ def cmd_plot(args) -> None:
   out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
 
+def cmd_convert(args) -> None:
+  import shlex
+  from profiles.hints import parse
+  from quant.convert import convert
+  hints = parse(args.hints or "", "--hints")
+  out = convert(resolve_model(args.input), args.output, args.quant, args.only, args.embeddings, hints,
+                command=shlex.join(["tinyzoo", "convert", *sys.argv[2:]]))
+  print(out)
+
 def cmd_synth(args) -> None:
   from models.synth import synthesize
   print(synthesize(args.preset, args.output, args.quant, args.seed, args.layers))
@@ -320,6 +329,22 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
   s.add_argument("--json", action="store_true", help='print {"hints": {name: {"value": ..., "source": ...}}}')
   s.set_defaults(fn=cmd_hints)
+
+  from quant.convert import PARTS, TARGETS
+  s = sub.add_parser("convert", help="requantize a GGUF file's matmul weights to one type, recording how in its metadata",
+                     description="Writes a copy of IN with its 2-D matmul weights requantized to --quant (e.g. Q4_K to Q4_0, which "
+                                 "packed-dot reads). Norms, biases, F32 tensors and the token embedding (unless --embeddings) stay as "
+                                 "they are. The copy's metadata records the source and its sha256, the command, the time and the "
+                                 "converter (tinyzoo.convert.*) and the --hints given, as the model's manifest of kernel hints "
+                                 "(tinyzoo.hints.*, read by `tinyzoo hints`). Written whole or not at all.")
+  s.add_argument("input", metavar="IN", help="a GGUF file or a registered model")
+  s.add_argument("-o", "--output", required=True, metavar="OUT", help="the converted file (replaced whole if it exists)")
+  s.add_argument("--quant", required=True, type=str.upper, choices=[t.name for t in TARGETS], help="the type the weights are requantized to")
+  s.add_argument("--only", choices=list(PARTS), help="convert only these tensors of each block (experts: *_exps; attention: attn_*; "
+                 "ffn: ffn_*, experts included)")
+  s.add_argument("--embeddings", action="store_true", help="requantize the token embedding too (kept by default)")
+  s.add_argument("--hints", metavar="'NAME=VALUE;...'", help="kernel hints to write into the file, e.g. 'strategy=packed_words;norm=break'")
+  s.set_defaults(fn=cmd_convert)
 
   s = sub.add_parser("synth", help="write a synthetic GGUF with a real model's shapes and seeded random weights",
                      description="Writes a GGUF with the shapes, metadata and tokenizer kind of a named model, seeded random weights in real "
