@@ -37,10 +37,10 @@ def device_name() -> str:
     if Path("/proc/cpuinfo").exists() else platform.machine()
   return f"{dev}: {cpu}, {os.cpu_count()} cores"
 
-def profile_path(device: str, folder: Path = PROFILES) -> Path:
+def profile_path(device: str, folder: Path | None = None) -> Path:
   """'CUDA: NVIDIA H100 80GB HBM3' -> profiles/cuda-nvidia-h100-80gb-hbm3.yaml (the core count of a CPU name is left out)."""
   name = re.sub(r",\s*\d+ cores$", "", device)
-  return folder / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".yaml")
+  return (folder or PROFILES) / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".yaml")
 
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
@@ -52,11 +52,14 @@ def load(path: Path) -> dict:
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
     raise ProfileError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-  out: dict = {"device": None, "hints": {}, "matvec_sizes": {}}
+  out: dict = {"device": None, "hints": {}, "tuned": None, "matvec_sizes": {}}
   if root is None: return out
-  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, hints, matvec_sizes)")
+  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, hints, tuned, matvec_sizes)")
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
+    elif key.value == "tuned":   # what `tinyzoo tune` reached with the hints: a record, not a setting
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "tuned maps model, tok_s and time to their values")
+      out["tuned"] = yaml.safe_load(yaml.serialize(value))
     elif key.value == "hints":
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "hints maps hint names to values (e.g. norm: break)")
       for name, v in value.value:
@@ -70,23 +73,31 @@ def load(path: Path) -> dict:
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
         except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None
-    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, matvec_sizes)")
+    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, tuned, matvec_sizes)")
   return out
 
 def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
   """Merges {shape: (sizes, gb_s)} into the profile at `path` (a shape measured again is replaced), written atomically."""
-  old = load(path) if path.exists() else {"hints": {}, "matvec_sizes": {}}
-  table = old["matvec_sizes"]
-  table.update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
-  entries = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(table.items())}
-  doc = {"device": device, **({"hints": old["hints"]} if old["hints"] else {}), "matvec_sizes": entries}
+  old = load(path) if path.exists() else {"hints": {}, "tuned": None, "matvec_sizes": {}}
+  old["matvec_sizes"].update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
+  _save(path, {**old, "device": device})
+
+def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
+  """Replaces the hints of the profile at `path` (its matvec sizes kept) with `hints`, and `tuned` (the model, tok/s and
+  time they reached), written atomically."""
+  old = load(path) if path.exists() else {"matvec_sizes": {}}
+  _save(path, {**old, "device": device, "hints": {n: check(n, v) for n, v in hints.items()}, "tuned": tuned})
+
+def _save(path: Path, profile: dict) -> None:
+  sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
+  doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text("# this device's kernel hints (profiles/hints.py; each from a measured run, see the journal), and, written by\n"
-                 "# `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, blocks per\n"
-                 "# thread unrolled]) found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
+  tmp.write_text("# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
+                 "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, blocks\n"
+                 "# per thread unrolled]) found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 
-def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Path | None:
+def use_device_profile(device: str | None = None, folder: Path | None = None) -> Path | None:
   """Applies the profile of this device (its tuned matvec sizes) if there is one; returns its path, or None."""
   path = profile_path(device or device_name(), folder)
   if not path.exists():
@@ -97,7 +108,7 @@ def use_device_profile(device: str | None = None, folder: Path = PROFILES) -> Pa
 
 def profile_hints(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
   """The hints of this device's profile (in `folder`, default profiles/) and its path; ({}, None) without one."""
-  path = profile_path(device or device_name(), folder or PROFILES)
+  path = profile_path(device or device_name(), folder)
   return (load(path)["hints"], path) if path.exists() else ({}, None)
 
 def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> tuple[Hints, Path | None]:

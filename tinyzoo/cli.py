@@ -138,6 +138,27 @@ def cmd_plot(args) -> None:
   out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
 
+def cmd_tune(args) -> None:
+  import datetime
+  from experiments import journal
+  from experiments.bench import BenchConfig
+  from experiments.tune import results_table, tune, winner_hints
+  from profiles.device import device_name, profile_path, resolve_hints, save_hints
+  if args.budget <= 0 or args.tokens < 1: raise ValueError("--budget and --tokens must be positive")
+  path = resolve_model(args.model)
+  start = BenchConfig.from_hints(resolve_hints(path, {})[0], tokens=args.tokens, peer=False)
+  def note(record: dict) -> None:
+    if not args.no_journal: journal.append(record)
+    print(f"{record['variant']}: {record['metrics']['kernels_per_token']} kernels/token, {record['metrics']['tok_s']:.2f} tok/s", file=sys.stderr)
+  records = tune(path, model_label(args.model), start, args.budget, note)
+  print(results_table(records))
+  if args.no_save: return
+  best, device = records[0], device_name()
+  tuned = {"model": model_label(args.model), "tok_s": best["metrics"]["tok_s"],
+           "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  save_hints(out := profile_path(device), device, winner_hints(best), tuned)
+  print(f"saved the fastest hints ({best['metrics']['tok_s']:.2f} tok/s) to {out}")
+
 def cmd_convert(args) -> None:
   import shlex
   from profiles.hints import parse
@@ -329,6 +350,18 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
   s.add_argument("--json", action="store_true", help='print {"hints": {name: {"value": ..., "source": ...}}}')
   s.set_defaults(fn=cmd_hints)
+
+  s = sub.add_parser("tune", help="search kernel hints for a model on this device; the fastest become this device's profile",
+                     description="Benches the hints resolved now, then one hint at a time every other value of it with the best of the "
+                                 "rest (norm, act_break, strategy, fuse, and row_upcast on a CPU or the JIT batch size on a GPU), in JIT "
+                                 "steady state, until --budget runs out. Prints the trials ranked, journals each (experiment tune) and "
+                                 "writes the fastest hints, with the tok/s they reached, into profiles/<device>.yaml (its matvec sizes kept).")
+  s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
+  s.add_argument("--budget", type=float, default=600, metavar="SECONDS", help="stop starting trials after this long (default 600)")
+  s.add_argument("--tokens", type=int, default=32, help="timed decode steps per trial (default 32)")
+  s.add_argument("--no-journal", action="store_true", help="do not append the trials to experiments/journal.jsonl")
+  s.add_argument("--no-save", action="store_true", help="print the ranking only; leave the device profile as it is")
+  s.set_defaults(fn=cmd_tune)
 
   from quant.convert import PARTS, TARGETS
   s = sub.add_parser("convert", help="requantize a GGUF file's matmul weights to one type, recording how in its metadata",

@@ -1,0 +1,57 @@
+"""`tinyzoo tune`: kernel hints searched for one model on this device, each trial a bench in JIT steady state.
+
+The search starts from the hints resolved now (flags, profile, manifest, defaults) and goes one hint at a time, in the
+order of SEARCH: every other value of the hint is benched with the best values found so far for the rest, and the
+fastest is kept (coordinate descent: a few trials per hint rather than the product of all). It stops when the budget is
+spent, after the trial running then. Every trial is a journal record of experiment `tune`.
+"""
+import dataclasses
+import datetime
+import os
+import time
+from pathlib import Path
+from typing import Callable
+from tinygrad import Device
+from experiments.bench import BenchConfig, bench, changed_switches
+from ops.norm import NORMS
+
+# hint -> the values tried; row_upcast only shapes CPU kernels, the JIT batch size only GPU graphs
+SEARCH = {"norm": NORMS, "act_break": (True, False), "strategy": ("packed_dot", "packed_words"), "fuse": (True, False)}
+CPU_SEARCH = {"row_upcast": (8, 4, 16)}
+GPU_SEARCH = {"jit_batch_size": (32, 64, 16)}
+
+def search_space(device: str) -> dict[str, tuple]:
+  return {**SEARCH, **(CPU_SEARCH if device.split(":")[0] == "CPU" else GPU_SEARCH)}
+
+def tune(path: Path, name: str, start: BenchConfig, budget_s: float, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
+  """The records of every trial, fastest first; the first trial benches `start` itself."""
+  run = f"tune-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+  t0, records = time.perf_counter(), []
+  def trial(cfg: BenchConfig) -> dict:
+    record = {**bench(path, name, cfg), "experiment": "tune", "run": run, "variant": changed_switches(cfg.switches()),
+              "baseline": not records}
+    on_record(record)
+    records.append(record)
+    return record
+  best_cfg, best = start, trial(start)["metrics"]["tok_s"]
+  for hint, values in search_space(Device.DEFAULT).items():
+    for value in values:
+      if value == getattr(best_cfg, hint): continue
+      if time.perf_counter() - t0 > budget_s: return ranked(records)
+      cfg = dataclasses.replace(best_cfg, **{hint: value}, hint_sources={**best_cfg.hint_sources, hint: "runtime"})
+      if (tok_s := trial(cfg)["metrics"]["tok_s"]) > best: best_cfg, best = cfg, tok_s
+  return ranked(records)
+
+def ranked(records: list[dict]) -> list[dict]: return sorted(records, key=lambda r: -r["metrics"]["tok_s"])
+
+def winner_hints(record: dict) -> dict:
+  """The hints of a trial, as a profile stores them."""
+  return {n: h["value"] for n, h in record["hints"].items()}
+
+def results_table(records: list[dict]) -> str:
+  start = next(r for r in records if r["baseline"])["metrics"]["tok_s"]
+  rows = [(str(i + 1), r["variant"], str(r["metrics"]["kernels_per_token"]), f"{r['metrics']['tok_s']:.2f}",
+           f"{100 * (r['metrics']['tok_s'] / start - 1):+.1f}%" + (" (start)" if r["baseline"] else "")) for i, r in enumerate(records)]
+  head = ("rank", "hints (against the defaults)", "kernels/tok", "tok/s", "vs start")
+  widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+  return "\n".join(" | ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, tuple("-" * w for w in widths), *rows])

@@ -1,0 +1,39 @@
+"""`tinyzoo tune`: one hint at a time from the resolved start, every trial journaled, ranked, and the fastest hints
+written into the device profile with what they reached (its matvec sizes kept)."""
+from pathlib import Path
+import yaml
+from experiments import tune as tuning
+from experiments.bench import BenchConfig
+from models.catalog import resolve_model
+from profiles.device import device_name, load, profile_path, save_matvec_sizes
+from profiles.hints import resolve
+from tinyzoo.cli import main
+
+SMALL = {"prompt_tokens": 4, "tokens": 2, "warmup": 1, "peer": False}
+
+def test_one_hint_at_a_time_from_the_start(monkeypatch):
+  monkeypatch.setattr(tuning, "SEARCH", {"norm": ("fused", "break", "fold")})
+  monkeypatch.setattr(tuning, "CPU_SEARCH", {})
+  seen: list[dict] = []
+  start = BenchConfig.from_hints(resolve(), **SMALL)
+  records = tuning.tune(resolve_model("smollm2-135m-tiny"), "smollm2-135m-tiny", start, 600, seen.append)
+  assert len(records) == len(seen) == 3 and seen[0]["baseline"] and not any(r["baseline"] for r in seen[1:])
+  assert [r["hints"]["norm"]["value"] for r in seen] == ["fused", "break", "fold"]
+  assert [r["hints"]["norm"]["source"] for r in seen] == ["default", "runtime", "runtime"]
+  assert {r["experiment"] for r in seen} == {"tune"} and len({r["run"] for r in seen}) == 1
+  assert [r["metrics"]["tok_s"] for r in records] == sorted((r["metrics"]["tok_s"] for r in seen), reverse=True)
+  table = tuning.results_table(records)
+  assert "(start)" in table and table.count("\n") == 4
+
+def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys):
+  monkeypatch.setattr("profiles.device.PROFILES", tmp_path)
+  here = profile_path(device_name())
+  assert here.parent == tmp_path
+  save_matvec_sizes(here, device_name(), {"64x8x4": ((16, 4, 4), 100.0)})
+  assert main(["tune", "smollm2-135m-tiny", "--budget", "0.001", "--tokens", "2", "--no-journal"]) == 0
+  out = capsys.readouterr().out
+  assert "saved the fastest hints" in out and "(start)" in out
+  profile = load(here)
+  assert profile["hints"]["norm"] == "fused" and profile["tuned"]["model"] == "smollm2-135m-tiny" and profile["tuned"]["tok_s"] > 0
+  assert profile["matvec_sizes"] == {"64x8x4": {"sizes": (16, 4, 4), "gb_s": 100.0}} and profile["device"] == device_name()
+  assert yaml.safe_load(here.read_text())["tuned"]["model"] == "smollm2-135m-tiny" and [p.name for p in tmp_path.iterdir()] == [here.name]
