@@ -160,12 +160,10 @@ def cmd_tune(args) -> None:
   print(f"saved the fastest hints ({best['metrics']['tok_s']:.2f} tok/s) to {out}")
 
 def cmd_convert(args) -> None:
-  import shlex
   from profiles.hints import parse
   from quant.convert import convert
   hints = parse(args.hints or "", "--hints")
-  out = convert(resolve_model(args.input), args.output, args.quant, args.only, args.embeddings, hints,
-                command=shlex.join(["tinyzoo", "convert", *sys.argv[2:]]))
+  out = convert(resolve_model(args.input), args.output, args.quant, args.only, args.embeddings, hints, command=args.command_line)
   print(out)
 
 def cmd_synth(args) -> None:
@@ -393,7 +391,9 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 def main(argv: list[str] | None = None) -> int:
+  import shlex
   args = parser().parse_args(argv)
+  args.command_line = shlex.join(["tinyzoo", *(sys.argv[1:] if argv is None else argv)])   # as conversion records it
   try: args.fn(args)
   except USER_ERRORS as e:
     print(f"tinyzoo: error: {e}", file=sys.stderr)
