@@ -1,4 +1,5 @@
 """Reading a GGUF file (the `gguf` package, memory-mapped) into metadata and packed tensors, with one-line errors."""
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -88,6 +89,14 @@ class GGUFFile:
       yield name, self.load(name, device)
 
 def _open(path: str) -> GGUFReader:
+  try: st = os.stat(path)
+  except OSError as e: raise GGUFError(f"{path}: {e.strerror}") from None
+  return _read(path, os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+# parsing a large vocabulary's metadata takes seconds (gemma3-270m: ~5 s on this repo's CPU), and a file is opened more
+# than once per process (its kernel hints, then the model; every run of an experiment): one reader per unchanged file
+@functools.lru_cache(maxsize=4)
+def _read(path: str, _abspath: str, _size: int, _mtime_ns: int) -> GGUFReader:
   try:
     with open(path, "rb") as f: magic = f.read(4)
   except OSError as e: raise GGUFError(f"{path}: {e.strerror}") from None
