@@ -17,6 +17,7 @@ from experiments import journal, peer_llamacpp
 from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
+from models.catalog import file_sha256
 from models.moe import MoE
 from models.runtime import Runtime, Timing
 from ops.topk import topk_by_name
@@ -134,7 +135,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size, moe[0].n_used / moe[0].n_experts if moe else 1.0)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
-  record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": journal.file_sha256(path),
+  record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": file_sha256(path),
             "switches": cfg.switches(), "hints": cfg.hints(), "profile_file": rt.profile.name if rt.profile else None,
             "matvec_shapes": {"gpu_compiled": len(set(compiled_shapes)), "untuned": untuned_matvec_shapes()},
             "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,

@@ -12,9 +12,8 @@ import random
 import sys
 import numpy as np
 from tinygrad import Device
-from experiments.journal import file_sha256
 from experiments.kernels import replay_kernels
-from models.catalog import resolve_model
+from models.catalog import file_sha256, resolve_model
 from ops.norm import NORMS
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams

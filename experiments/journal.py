@@ -1,7 +1,6 @@
 """The lab journal: one JSON line per measured run, appended whole under a lock so concurrent runs never interleave."""
 import datetime
 import fcntl
-import hashlib
 import json
 import os
 import subprocess
@@ -9,7 +8,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 from tinygrad import Device
-from models.catalog import cache_dir
 from profiles.device import device_name
 
 JOURNAL = Path(__file__).with_name("journal.jsonl")
@@ -17,20 +15,6 @@ JOURNAL = Path(__file__).with_name("journal.jsonl")
 def _git(*args: str) -> str:
   try: return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10).stdout.strip()
   except OSError: return ""
-
-def file_sha256(path: os.PathLike) -> str:
-  """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""
-  st = os.stat(path)
-  memo = cache_dir() / "sha256" / hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-  if memo.exists(): return memo.read_text()
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 22): h.update(chunk)
-  memo.parent.mkdir(parents=True, exist_ok=True)
-  tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text(h.hexdigest())
-  os.replace(tmp, memo)
-  return h.hexdigest()
 
 def context() -> dict[str, Any]:
   """What every record carries: when, which code, on what."""

@@ -47,11 +47,3 @@ def ranked(records: list[dict]) -> list[dict]: return sorted(records, key=lambda
 def winner_hints(record: dict) -> dict:
   """The hints of a trial, as a profile stores them."""
   return {n: h["value"] for n, h in record["hints"].items()}
-
-def results_table(records: list[dict]) -> str:
-  start = next(r for r in records if r["baseline"])["metrics"]["tok_s"]
-  rows = [(str(i + 1), r["variant"], str(r["metrics"]["kernels_per_token"]), f"{r['metrics']['tok_s']:.2f}",
-           f"{100 * (r['metrics']['tok_s'] / start - 1):+.1f}%" + (" (start)" if r["baseline"] else "")) for i, r in enumerate(records)]
-  head = ("rank", "hints (against the defaults)", "kernels/tok", "tok/s", "vs start")
-  widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-  return "\n".join(" | ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, tuple("-" * w for w in widths), *rows])

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 import yaml
 from tinygrad import Device
-from profiles.hints import MANIFEST_PREFIX, Hints, check, from_env, from_manifest, resolve
+from profiles.hints import Hints, check, from_env, from_manifest, resolve
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes, use_tuned_sizes
 
@@ -45,6 +45,8 @@ def profile_path(device: str, folder: Path | None = None) -> Path:
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
+def _empty() -> dict: return {"device": None, "hints": {}, "tuned": None, "matvec_sizes": {}}
+
 def load(path: Path) -> dict:
   """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, U]),
   'gb_s': float}}}."""
@@ -52,7 +54,7 @@ def load(path: Path) -> dict:
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
     raise ProfileError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-  out: dict = {"device": None, "hints": {}, "tuned": None, "matvec_sizes": {}}
+  out = _empty()
   if root is None: return out
   if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, hints, tuned, matvec_sizes)")
   for key, value in root.value:
@@ -78,14 +80,14 @@ def load(path: Path) -> dict:
 
 def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
   """Merges {shape: (sizes, gb_s)} into the profile at `path` (a shape measured again is replaced), written atomically."""
-  old = load(path) if path.exists() else {"hints": {}, "tuned": None, "matvec_sizes": {}}
+  old = load(path) if path.exists() else _empty()
   old["matvec_sizes"].update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
   _save(path, {**old, "device": device})
 
 def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
   """Replaces the hints of the profile at `path` (its matvec sizes kept) with `hints`, and `tuned` (the model, tok/s and
   time they reached), written atomically."""
-  old = load(path) if path.exists() else {"matvec_sizes": {}}
+  old = load(path) if path.exists() else _empty()
   _save(path, {**old, "device": device, "hints": {n: check(n, v) for n, v in hints.items()}, "tuned": tuned})
 
 def _save(path: Path, profile: dict) -> None:
@@ -115,6 +117,4 @@ def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True,
   """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (unless
   `profile` is off) over the file's manifest over the defaults; and the profile's path, or None."""
   hints, path = profile_hints(folder=folder) if profile else ({}, None)
-  g = GGUFFile(model)
-  manifest = from_manifest({k: g.get(k) for k in g.keys() if k.startswith(MANIFEST_PREFIX)}, g.path)
-  return resolve({**from_env(), **runtime}, hints, manifest), path
+  return resolve({**from_env(), **runtime}, hints, from_manifest(GGUFFile(model))), path

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
+from quant.gguf_file import GGUFFile
 from quant.linear import StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
@@ -102,11 +103,10 @@ def from_env(environ: os._Environ | dict = os.environ) -> dict[str, Any]:
   """The runtime hints of TINYZOO_HINTS="name=value;..."."""
   return parse(environ.get(ENV, ""), ENV)
 
-def from_manifest(metadata: dict[str, Any], where: str) -> dict[str, Any]:
-  """The hints a model file's metadata carries (`tinyzoo.hints.<name>`), checked; `where` names the file in errors."""
+def from_manifest(g: GGUFFile) -> dict[str, Any]:
+  """The hints a model file's metadata carries (`tinyzoo.hints.<name>`), checked."""
   out = {}
-  for key, value in metadata.items():
-    if key.startswith(MANIFEST_PREFIX):
-      try: out[key.removeprefix(MANIFEST_PREFIX)] = check(key.removeprefix(MANIFEST_PREFIX), value)
-      except ValueError as e: raise ValueError(f"{where}: metadata {key}: {e}") from None
+  for key in (k for k in g.keys() if k.startswith(MANIFEST_PREFIX)):
+    try: out[key.removeprefix(MANIFEST_PREFIX)] = check(key.removeprefix(MANIFEST_PREFIX), g.get(key))
+    except ValueError as e: raise ValueError(f"{g.path}: metadata {key}: {e}") from None
   return out

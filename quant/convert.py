@@ -6,12 +6,12 @@ conversion to one part of each block. The result carries `tinyzoo.convert.*` (so
 converter) and the kernel hints given, as `tinyzoo.hints.<name>` (the manifest: profiles/hints.py). Written whole or
 not at all (quant/requant.py)."""
 import datetime
-import hashlib
 import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any
 from gguf import GGMLQuantizationType as T
+from models.catalog import file_sha256
 from profiles.hints import MANIFEST_PREFIX, check
 from quant.gguf_file import TensorInfo
 from quant.quantize import ggml_type_of
@@ -20,12 +20,6 @@ from quant.requant import write_copy
 TARGETS = (T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.MXFP4)
 PARTS = {"experts": "_exps.", "attention": ".attn_", "ffn": ".ffn_"}   # a part's tensors have this in their name
 EMBEDDINGS = ("token_embd.weight",)
-
-def sha256(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 24), b""): h.update(chunk)
-  return h.hexdigest()
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, quant: str, only: str | None = None, embeddings: bool = False,
             hints: dict[str, Any] | None = None, command: str = "") -> Path:
@@ -37,7 +31,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, quant: str, only: st
     return (only is None or PARTS[only] in info.name) and (embeddings or info.name not in EMBEDDINGS)
   try: version = importlib.metadata.version("tinyzoo")
   except importlib.metadata.PackageNotFoundError: version = "unknown"
-  metadata = {"tinyzoo.convert.source": src.name, "tinyzoo.convert.source_sha256": sha256(src), "tinyzoo.convert.command": command,
+  metadata = {"tinyzoo.convert.source": src.name, "tinyzoo.convert.source_sha256": file_sha256(src), "tinyzoo.convert.command": command,
               "tinyzoo.convert.time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "tinyzoo.convert.converter": f"tinyzoo {version}", "tinyzoo.convert.quant": t.name, "tinyzoo.convert.only": only or "all",
               **{MANIFEST_PREFIX + name: value for name, value in checked.items()}}

@@ -19,9 +19,8 @@ cached by their graph, so the setting is chosen once per process, before the fir
 stay in this process (tinygrad's compile workers are spawned fresh and would not see the wrapper).
 """
 import contextlib
-import math
 import os
-from math import prod
+from math import gcd, prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt import heuristic
 from tinygrad.helpers import PARALLEL
@@ -143,7 +142,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, unroll: int = 
     unrolled *= n
   # the blocks left to each thread keep the axis id of the row's blocks (none left when every block has a thread)
   left = next((a for a, r in enumerate(tuned.rngs) if r.arg[0] == block_id and r.arg[-1] is AxisType.REDUCE), None)
-  if left is not None and (unroll := math.gcd(unroll, tuned.full_shape[left])) > 1:
+  if left is not None and (unroll := gcd(unroll, tuned.full_shape[left])) > 1:
     tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(left), unroll))
   return tuned
 

@@ -81,13 +81,12 @@ class WordBlocks:
   def dot_and_squares(self, x: Tensor, scale: Tensor | None) -> Tensor:
     """x [..., in] -> [..., O, 2]: each row's dot with x * scale, and beside it the sum of x's squares (the same for
     every row), in one reduce. An RMS norm of x is thereby folded into the matmul that reads it: no kernel of its own
-    sums the squares. Rows and the two sums share one output axis, so that a thread's upcast rows hold both and the
-    squares, the same expression for every row it holds, are computed once."""
+    sums the squares. On a GPU the axis of the two sums is upcast (quant/matvec_opts.py), so a thread computes both
+    from the x it loads."""
     dots, xb = self._block_dots(self._blocked(x if scale is None else x * scale), None), self._blocked(x)
     squares = xb.expand(*xb.shape[:-5], dots.shape[-2], *xb.shape[-4:])   # broadcast first: squared where it is read
     squares = (squares * squares).sum(axis=(-3, -2, -1))
-    both = dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2)   # [..., O, 2, nb]
-    return both.reshape(*both.shape[:-3], -1, both.shape[-1]).sum(axis=-1).reshape(*both.shape[:-1])
+    return dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2).sum(axis=-1)   # [..., O, 2, nb] -> [..., O, 2]
 
   def dot(self, x: Tensor, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
     """x [..., in] -> [..., O]. With sel [..., k], the words are [experts, O, ...] and only the selected experts are

@@ -121,15 +121,11 @@ def cmd_exp(args) -> None:
     exp = named.find(args.name)
     sizes = {k: v for k, v in (("tokens", args.tokens), ("warmup", args.warmup)) if v is not None}
     if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
-    def note(record: dict) -> None:
-      if not args.no_journal: journal.append(record)
-      m = record["metrics"]
-      print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
     from profiles.device import resolve_hints
     named.chosen_variants(exp, args.variant)
     hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)[0]
     base = BenchConfig.from_hints(hints, profile=not args.no_profile, peer=not args.no_peer, llama_bench=args.llama_bench)
-    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=note)
+    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args.no_journal))
     print(named.results_table(records))
 
 def cmd_plot(args) -> None:
@@ -138,19 +134,25 @@ def cmd_plot(args) -> None:
   out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
 
+def trial_noter(no_journal: bool):
+  """What `exp run` and `tune` do with each trial's record as it comes: journal it (unless `no_journal`) and say it."""
+  from experiments import journal
+  def note(record: dict) -> None:
+    if not no_journal: journal.append(record)
+    m = record["metrics"]
+    print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
+  return note
+
 def cmd_tune(args) -> None:
   import datetime
-  from experiments import journal
   from experiments.bench import BenchConfig
-  from experiments.tune import results_table, tune, winner_hints
+  from experiments.named import results_table
+  from experiments.tune import tune, winner_hints
   from profiles.device import device_name, profile_path, resolve_hints, save_hints
   if args.budget <= 0 or args.tokens < 1: raise ValueError("--budget and --tokens must be positive")
   path = resolve_model(args.model)
   start = BenchConfig.from_hints(resolve_hints(path, {})[0], tokens=args.tokens, peer=False)
-  def note(record: dict) -> None:
-    if not args.no_journal: journal.append(record)
-    print(f"{record['variant']}: {record['metrics']['kernels_per_token']} kernels/token, {record['metrics']['tok_s']:.2f} tok/s", file=sys.stderr)
-  records = tune(path, model_label(args.model), start, args.budget, note)
+  records = tune(path, model_label(args.model), start, args.budget, trial_noter(args.no_journal))
   print(results_table(records))
   if args.no_save: return
   best, device = records[0], device_name()

@@ -2,7 +2,7 @@
 written into the device profile with what they reached (its matvec sizes kept)."""
 from pathlib import Path
 import yaml
-from experiments import tune as tuning
+from experiments import named, tune as tuning
 from experiments.bench import BenchConfig
 from models.catalog import resolve_model
 from profiles.device import device_name, load, profile_path, save_matvec_sizes
@@ -22,8 +22,8 @@ def test_one_hint_at_a_time_from_the_start(monkeypatch):
   assert [r["hints"]["norm"]["source"] for r in seen] == ["default", "runtime", "runtime"]
   assert {r["experiment"] for r in seen} == {"tune"} and len({r["run"] for r in seen}) == 1
   assert [r["metrics"]["tok_s"] for r in records] == sorted((r["metrics"]["tok_s"] for r in seen), reverse=True)
-  table = tuning.results_table(records)
-  assert "(start)" in table and table.count("\n") == 4
+  table = named.results_table(records)   # the trials as an experiment's variants: the start is the baseline
+  assert "(baseline)" in table and table.count("\n") == 4
 
 def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys):
   monkeypatch.setattr("profiles.device.PROFILES", tmp_path)
@@ -32,7 +32,7 @@ def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys
   save_matvec_sizes(here, device_name(), {"64x8x4": ((16, 4, 4), 100.0)})
   assert main(["tune", "smollm2-135m-tiny", "--budget", "0.001", "--tokens", "2", "--no-journal"]) == 0
   out = capsys.readouterr().out
-  assert "saved the fastest hints" in out and "(start)" in out
+  assert "saved the fastest hints" in out and "(baseline)" in out
   profile = load(here)
   assert profile["hints"]["norm"] == "fused" and profile["tuned"]["model"] == "smollm2-135m-tiny" and profile["tuned"]["tok_s"] > 0
   assert profile["matvec_sizes"] == {"64x8x4": {"sizes": (16, 4, 4), "gb_s": 100.0}} and profile["device"] == device_name()

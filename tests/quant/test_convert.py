@@ -5,12 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from models.catalog import resolve_model
+from models.catalog import file_sha256, resolve_model
 from models.runtime import Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
 from profiles.device import resolve_hints
-from quant.convert import convert, sha256
+from quant.convert import convert
 from quant.gguf_file import GGUFFile
 from tinyzoo.cli import main
 
@@ -28,7 +28,7 @@ def test_only_the_part_asked_for_and_what_was_done(tiny: Path, tmp_path: Path, c
   for name, info in g.tensors.items():
     want = T.Q4_0 if ".ffn_" in name and name.endswith(".weight") and len(info.shape) == 2 else src.tensors[name].ggml_type
     assert info.ggml_type == want, name
-  assert g.get("tinyzoo.convert.source") == "tiny.gguf" and g.get("tinyzoo.convert.source_sha256") == sha256(tiny)
+  assert g.get("tinyzoo.convert.source") == "tiny.gguf" and g.get("tinyzoo.convert.source_sha256") == file_sha256(tiny)
   assert g.get("tinyzoo.convert.command").startswith("tinyzoo convert ") and g.get("tinyzoo.convert.only") == "ffn"
   assert g.get("tinyzoo.convert.quant") == "Q4_0" and g.get("tinyzoo.convert.converter").startswith("tinyzoo ")
   hints = resolve_hints(out, {}, profile=False)[0]
