@@ -2,9 +2,12 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# llama.cpp with AMX off: GCC 12 miscompiles its AMX path on this machine kind (see ../shared/REFERENCE.md)
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
-  -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# llama.cpp with AMX off (GCC 12 miscompiles its AMX path on one machine kind, see ../shared/REFERENCE.md) and AVX-512
+# only where this CPU has it: a build with it crashes with an illegal instruction on CPUs without (this repo's AMD EPYC)
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+has = $(if $(filter $(1),$(CPU_FLAGS)),ON,OFF)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$(call has,avx512f) \
+  -DGGML_AVX512_VNNI=$(call has,avx512_vnni) -DGGML_AVX512_BF16=$(call has,avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: setup demo test lint reference device-wheels device-llama-src
 setup: $(VENV)/.installed
@@ -27,7 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 reference: setup
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check -e '.[reference]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e '.[reference]'
 
 # What a lent GPU machine needs from here (experiments/device_env.sh); both folders are git-ignored and named in `carry`
 device-wheels: setup

@@ -48,7 +48,7 @@ def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
 def _empty() -> dict: return {"device": None, "hints": {}, "tuned": None, "matvec_sizes": {}}
 
 def load(path: Path) -> dict:
-  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, U]),
+  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, S]),
   'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
@@ -69,7 +69,7 @@ def load(path: Path) -> dict:
         try: out["hints"][name.value] = check(name.value, v.value)
         except ValueError as e: raise _fail(path, name, str(e)) from None
     elif key.value == "matvec_sizes":
-      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,U]', gb_s: N}")
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,S]', gb_s: N}")
       for shape, entry in value.value:
         if not re.fullmatch(r"\d+(x\d+)*", shape.value): raise _fail(path, shape, f"{shape.value!r} is no kernel shape (like 2048x256x4x4x2)")
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
@@ -95,8 +95,8 @@ def _save(path: Path, profile: dict) -> None:
   doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text("# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
-                 "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, blocks\n"
-                 "# per thread unrolled]) found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
+                 "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
+                 "# a block per thread]) found fastest per kernel shape on this device\n" + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 
 def use_device_profile(device: str | None = None, folder: Path | None = None) -> Path | None:

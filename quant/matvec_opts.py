@@ -4,7 +4,7 @@ GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduc
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
 Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row's blocks over
 threads (GROUP), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes
-of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows[,unroll]" or `forced_gpu_sizes` (one size for every
+of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows[,span]" or `forced_gpu_sizes` (one size for every
 kernel, for sweeps), the sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the
 built-in rule.
 
@@ -37,13 +37,14 @@ _row_upcast = 0
 GPU_MATVEC_THREADS = 1 << 16
 MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
 
-Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, blocks per thread unrolled]
+ELEMENTS_PER_THREAD = 32
+Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, words of a block per thread (span)]
 
 def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
   except ValueError: sizes = ()
   if len(sizes) not in (3, 4) or any(v < 1 for v in sizes):
-    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,BLOCKS_UNROLLED], e.g. 16,4,4 or 16,4,2,4; got {spec!r}")
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN], e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
   return sizes
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
@@ -106,27 +107,50 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   if threads > 1: opts.append(Opt(OptOps.THREAD, axis, threads))
   return opts
 
-def block_axes(k: Scheduler) -> tuple[int, list[int]]:
-  """The reduce axis over a row's blocks, and the other reduce axes. The blocks are the longest axis of the outermost
-  reduce: a matvec that sums each block before scaling it nests the sum inside a block in another reduce, and one over
-  several experts has their axis beside the blocks'."""
-  outer = {r for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges) for r in red.src[1:]}
-  reduces = k.axes_of(AxisType.REDUCE)
-  blocks = max((a for a in reduces if k.rngs[a] in outer), key=lambda a: k.full_shape[a])
-  return blocks, [a for a in reduces if a != blocks]
+def _outer_reduce(k: Scheduler):
+  return next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
 
-def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, unroll: int = 1) -> Scheduler | None:
-  """GROUP the first reduce axis (the blocks) over up to `threads` threads, LOCAL `block` rows, UPCAST `rows` rows per thread,
-  UNROLL `unroll` of each thread's blocks (their loads issued together rather than one loop step after the other), then
-  unroll the reduce axes inside a block (bytes, words, nibble planes), innermost first, up to 32 elements; None if the
-  kernel is no matvec. Raises KernelOptError where tinygrad refuses an opt."""
+def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
+  """A matvec's reduce axes: over a row's blocks, over a block's words (a packed_words matvec sums each word before
+  scaling it: a reduce inside the outer one; None for a flat reduce), and the rest. The blocks are the longest axis of
+  the outer reduce and the words its last (the innermost in memory; the same axis where tinygrad merged the two)."""
+  reduces, outer = k.axes_of(AxisType.REDUCE), set(_outer_reduce(k).src[1:])
+  outers = [a for a in reduces if k.rngs[a] in outer]
+  blocks = max(outers, key=lambda a: k.full_shape[a])
+  words = outers[-1] if len(outers) < len(reduces) else None
+  return blocks, words, [a for a in reduces if a not in (blocks, words)]
+
+def default_span(k: Scheduler) -> int:
+  """The words of a row a thread takes by default: ELEMENTS_PER_THREAD elements (a whole Q4_0, Q8_0 or MXFP4 block),
+  counted in one of the sums inside a word (a folded norm has two, its dots and its squares)."""
+  outer = _outer_reduce(k)
+  word = max((prod(k.full_shape[k.rngs.index(r)] for r in red.src[1:]) for red in k.reduceops if red is not outer), default=1)
+  return max(1, ELEMENTS_PER_THREAD // word)
+
+def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int | None = None) -> Scheduler | None:
+  """Split each row over up to `threads` threads (GROUP), LOCAL `block` rows, UPCAST `rows` rows per thread, then
+  unroll the reduce axes left inside a thread, innermost first, up to 32 elements; None if the kernel is no matvec.
+  Raises KernelOptError where tinygrad refuses an opt.
+
+  A packed_words row is split by words: each thread takes `span` neighbouring words of a block (unrolled); the threads
+  of a block's other words are the fastest-varying (all of them, even beyond `threads`), then the blocks. The span
+  sets which activations a warp reads at once: a thread per 4-word Q4_0 block loads 128 bytes of x, its 32 lanes 128
+  bytes apart (a cache line each); a word a thread, 4 lanes read one 64-byte run. A flat reduce (packed_dot) is split
+  by blocks."""
   axis = matvec_row_axis(k)
   if axis is None or k.full_shape[axis] % (block * rows): return None
-  blocks, inside = block_axes(k)
-  inner, block_id = [k.rngs[a] for a in inside], k.rngs[blocks].arg[0]
-  threads = max(d for d in range(1, threads + 1) if k.full_shape[blocks] % d == 0)   # 20 blocks a row: 20 threads, not 4
-  tuned = k.copy()
-  for op, ax, n in ((OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(blocks), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
+  blocks, words, inside = reduce_axes(k)
+  inner = [k.rngs[a] for a in inside]
+  tuned, span = k.copy(), (span or default_span(k)) if words is not None else 1
+  if words is not None:
+    if (span := gcd(span, k.full_shape[words])) > 1:
+      tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(words), span))
+    if words != blocks and (lanes := k.full_shape[words] // span) > 1:
+      tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(_reduce_axis(tuned, k.rngs[words].arg)), lanes))
+      threads = max(1, threads // lanes)
+  left = _reduce_axis(tuned, k.rngs[blocks].arg)
+  threads = max(d for d in range(1, threads + 1) if tuned.full_shape[left] % d == 0)   # 20 blocks a row: 20 threads, not 4
+  for op, ax, n in ((OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(left), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
     if n > 1: tuned.apply_opt(Opt(op, ax, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
   # thread reads its inputs once for all of them
@@ -134,23 +158,23 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, unroll: int = 
     if a != axis and isinstance(n := tuned.full_shape[a], int) and 1 < n <= MAX_SHORT_OUTPUTS and \
        sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice for b in tuned.bufs) == 1:
       tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
-  unrolled = 1
+  unrolled = span
   for r in reversed(inner):
     a = tuned.rngs.index(r)
     if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
     tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
     unrolled *= n
-  # the blocks left to each thread keep the axis id of the row's blocks (none left when every block has a thread)
-  left = next((a for a, r in enumerate(tuned.rngs) if r.arg[0] == block_id and r.arg[-1] is AxisType.REDUCE), None)
-  if left is not None and (unroll := gcd(unroll, tuned.full_shape[left])) > 1:
-    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(left), unroll))
   return tuned
+
+def _reduce_axis(k: Scheduler, arg: tuple) -> int:
+  """Where the loop left of a reduce axis is after opts split it (they keep its range's arg)."""
+  return next(a for a, r in enumerate(k.rngs) if r.arg == arg)
 
 def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   if shape in _tuned: return _tuned[shape]
-  blocks, inside = block_axes(k)
+  blocks, _, inside = reduce_axes(k)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[blocks], k.full_shape[inside[-1]] if inside else 1)   # type: ignore[arg-type]
 
 def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> Sizes:

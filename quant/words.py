@@ -9,7 +9,7 @@ of word j; element 16h + 4j + k of a 4-bit block is nibble h of byte k of word j
 Decoding avoids integer-to-float conversions, which NVIDIA GPUs run at an eighth of the FMA rate (they bounded the
 first GPU matvecs): an integer q < 2^23 is the float (q | 0x4B000000) - 2^23, exactly; an E2M1 code's three low bits
 shifted into an fp16's exponent and mantissa are its value times 2^-14, subnormals included, and half-to-float runs at
-full rate. Each block's elements are summed before its scale multiplies them, once.
+full rate. Each word's elements are summed before its block's scale multiplies them (one multiply per 8 or 4 elements).
 """
 from dataclasses import dataclass
 from gguf import GGMLQuantizationType as T
@@ -59,8 +59,14 @@ class WordBlocks:
     if self.bits == 8: q = q.bitwise_xor(0x80)
     return (q | MAGIC).bitcast(dtypes.float32) - float(2 ** 23 + {T.Q4_0: 8, T.Q8_0: 128}.get(self.ggml_type, 0))
 
+  def _per_word(self, field: Tensor, sel: Tensor | None) -> Tensor:
+    """A per-block field [..., nb] as [..., nb, words], gathered by sel: broadcast before the gather, or the gathered
+    field is realized by a kernel of its own."""
+    field = field.unsqueeze(-1).expand(*field.shape, self.words.shape[-1])
+    return field if sel is None else field[sel]
+
   def _scale(self, sel: Tensor | None) -> Tensor:
-    d = self.d if sel is None else self.d[sel]
+    d = self._per_word(self.d, sel)
     return e8m0_half(d) * 2.0 ** 15 if self.ggml_type is T.MXFP4 else d.cast(dtypes.float32)
 
   def _blocked(self, x: Tensor) -> Tensor:
@@ -69,31 +75,34 @@ class WordBlocks:
     xb = x.unsqueeze(-2).reshape(*x.shape[:-1], 1, x.shape[-1] // 32, planes, n_words, 4)
     return xb.permute(*range(xb.ndim - 4), -4, -2, -1, -3)
 
-  def _block_dots(self, xb: Tensor, sel: Tensor | None) -> Tensor:
-    """Each block's dot with its slice of x, scaled: [..., O, nb] (with sel, [..., k, O, nb])."""
+  def _word_dots(self, xb: Tensor, sel: Tensor | None) -> Tensor:
+    """Each word's dot with its slice of x, scaled by its block's scale: [..., O, nb * words] (with sel, [..., k, O, ...]).
+    The words of a row are one reduce axis, so a GPU matvec can give neighbouring threads neighbouring words: their
+    activation loads then cover one contiguous span, where a thread per block reads 128 bytes a row's block apart
+    (quant/matvec_opts.py)."""
     v = self._values()
     # the decoded expression is gathered, not the words: those would be copied out by a kernel of their own first
     if sel is not None: v = v[sel]
-    y = (v * xb).sum(axis=(-3, -2, -1)) * self._scale(sel)
-    if self.m is not None: y = y + (self.m if sel is None else self.m[sel]).cast(dtypes.float32) * xb.sum(axis=(-3, -2, -1))
-    return y
+    y = (v * xb).sum(axis=(-2, -1)) * self._scale(sel)
+    if self.m is not None: y = y + self._per_word(self.m, sel).cast(dtypes.float32) * xb.sum(axis=(-2, -1))
+    return y.flatten(-2)
 
   def dot_and_squares(self, x: Tensor, scale: Tensor | None) -> Tensor:
     """x [..., in] -> [..., O, 2]: each row's dot with x * scale, and beside it the sum of x's squares (the same for
     every row), in one reduce. An RMS norm of x is thereby folded into the matmul that reads it: no kernel of its own
     sums the squares. On a GPU the axis of the two sums is upcast (quant/matvec_opts.py), so a thread computes both
     from the x it loads."""
-    dots, xb = self._block_dots(self._blocked(x if scale is None else x * scale), None), self._blocked(x)
+    dots, xb = self._word_dots(self._blocked(x if scale is None else x * scale), None), self._blocked(x)
     squares = xb.expand(*xb.shape[:-5], dots.shape[-2], *xb.shape[-4:])   # broadcast first: squared where it is read
-    squares = (squares * squares).sum(axis=(-3, -2, -1))
-    return dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2).sum(axis=-1)   # [..., O, 2, nb] -> [..., O, 2]
+    squares = (squares * squares).sum(axis=(-2, -1)).flatten(-2)
+    return dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2).sum(axis=-1)   # [..., O, 2, nb * words] -> [..., O, 2]
 
   def dot(self, x: Tensor, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
     """x [..., in] -> [..., O]. With sel [..., k], the words are [experts, O, ...] and only the selected experts are
     read: x [..., k or 1, in] -> [..., k, O]; with mix [..., k] as well, their sum weighted by it -> [..., O]."""
-    y = self._block_dots(self._blocked(x), sel)
+    y = self._word_dots(self._blocked(x), sel)
     if mix is None: return y.sum(axis=-1)
-    # the experts' blocks as one axis of one sum: a sum over experts around the sum over blocks would be a reduce
+    # the experts' words as one axis of one sum: a sum over experts around the sum over blocks would be a reduce
     # around a reduce, whose inner one a GPU cannot split over threads
     y = (y * mix.unsqueeze(-1).unsqueeze(-1)).transpose(-3, -2)
     return y.reshape(*y.shape[:-2], -1).sum(axis=-1)

@@ -236,9 +236,9 @@ def parser() -> argparse.ArgumentParser:
                  "and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
   s.add_argument("--copies", type=int, help="--shape weights read in turn, so that together they outgrow the caches (default: enough for 256 MiB)")
-  s.add_argument("--gpu-sizes", metavar="'T,B,R[,U] ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
-                 "workgroup, rows per thread, optionally blocks per thread unrolled) or a grid of them, one journal record each "
-                 "(default: the device profile's or built-in sizes)")
+  s.add_argument("--gpu-sizes", metavar="'T,B,R[,S] ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
+                 "workgroup, rows per thread, optionally the span: the words of a packed_words block each thread reads, a whole "
+                 "block by default) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
                  "(profiles/<device>.yaml), which bench, run and matvec then use")
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")

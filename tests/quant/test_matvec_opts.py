@@ -115,16 +115,19 @@ def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.
     assert cuda_launch(lin(x * 3))[1] == (64, 1, 1)
   finally: use_tuned_sizes({})
 
-def test_gpu_matvec_unrolls_each_threads_blocks(row_upcast, rng: np.random.Generator):
-  """A fourth size unrolls the blocks each thread walks: their 16-byte word loads are issued together, with no loop over
-  blocks left (the only loop sums the group's partials); sizes over the blocks left are cut to them."""
-  rows, cols = 512, 2048   # 64 blocks a row: 16 threads per row leave 4 blocks to each
+def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.random.Generator):
+  """A fourth size (the span) gives each thread that many words of a block: a whole Q4_0 block by default (one 16-byte
+  load a row), else the threads of one block's words are neighbours (threadIdx.x) and the rest go to the blocks, the
+  threads per row staying the first size (or the threads of a block's words, where those are more)."""
+  rows, cols = 512, 2048
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="packed_words")
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
-  for sizes, loads, loops in (((16, 4, 2), 2, 2), ((16, 4, 2, 4), 8, 1), ((16, 4, 2, 64), 8, 1), ((16, 4, 1, 2), 2, 2)):
-    with forced_gpu_sizes(sizes): src = cuda_source(lin(x * sum(sizes)))
-    assert (src.count("uint4 val"), src.count("for (")) == (loads, loops), sizes
+  for sizes, load, local in (((16, 4, 2), "uint4", (16, 4, 1)), ((16, 4, 2, 4), "uint4", (16, 4, 1)), ((16, 4, 2, 2), "uint2", (2, 8, 4)),
+                             ((16, 4, 2, 1), "uint", (4, 4, 4)), ((2, 4, 2, 1), "uint", (4, 4, 1))):
+    with forced_gpu_sizes(sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
+    assert f"{load} val" in src and local_size == local and global_size == (rows // (4 * 2), 1, 1), sizes
+    assert all(f"{other} val" not in src for other in ("uint4", "uint2", "uint") if other != load), sizes
 
 def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: np.random.Generator):
   """A folded norm's output axis (dot or squares, which no input is indexed by) is upcast: one workgroup computes both
