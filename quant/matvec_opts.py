@@ -148,10 +148,11 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int | No
     if words != blocks and (lanes := k.full_shape[words] // span) > 1:
       tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(_reduce_axis(tuned, k.rngs[words].arg)), lanes))
       threads = max(1, threads // lanes)
-  left = _reduce_axis(tuned, k.rngs[blocks].arg)
-  threads = max(d for d in range(1, threads + 1) if tuned.full_shape[left] % d == 0)   # 20 blocks a row: 20 threads, not 4
-  for op, ax, n in ((OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(left), threads), (OptOps.LOCAL, axis, block), (OptOps.UPCAST, axis, rows)):
-    if n > 1: tuned.apply_opt(Opt(op, ax, n))
+  if (left := _reduce_axis(tuned, k.rngs[blocks].arg)) is not None:   # none where the span took a whole short row
+    threads = max(d for d in range(1, threads + 1) if tuned.full_shape[left] % d == 0)   # 20 blocks a row: 20 threads, not 4
+    if threads > 1: tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(left), threads))
+  for op, n in ((OptOps.LOCAL, block), (OptOps.UPCAST, rows)):
+    if n > 1: tuned.apply_opt(Opt(op, axis, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
   # thread reads its inputs once for all of them
   for a in reversed(tuned.axes_of(AxisType.GLOBAL)):
@@ -166,9 +167,9 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int | No
     unrolled *= n
   return tuned
 
-def _reduce_axis(k: Scheduler, arg: tuple) -> int:
-  """Where the loop left of a reduce axis is after opts split it (they keep its range's arg)."""
-  return next(a for a, r in enumerate(k.rngs) if r.arg == arg)
+def _reduce_axis(k: Scheduler, arg: tuple) -> int | None:
+  """Where the loop left of a reduce axis is after opts split it (they keep its range's arg); None if none is left."""
+  return next((a for a, r in enumerate(k.rngs) if r.arg == arg), None)
 
 def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   compiled_shapes.append(shape := kernel_shape(k))

@@ -129,6 +129,14 @@ def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.ra
     assert f"{load} val" in src and local_size == local and global_size == (rows // (4 * 2), 1, 1), sizes
     assert all(f"{other} val" not in src for other in ("uint4", "uint2", "uint") if other != load), sizes
 
+def test_gpu_matvec_of_a_row_one_span_long(row_upcast, rng: np.random.Generator):
+  """A row of one Q8_0 block is one thread's span: nothing is left to split over threads, and the kernel still compiles
+  with the rows split (a failing opt inside tinygrad's compile loop surfaces as a KeyError far from its cause)."""
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q8_0, (256, 32), rng), T.Q8_0, (256, 32)), strategy="packed_words")
+  x = Tensor(rng.standard_normal((1, 32), dtype=np.float32)).realize()
+  with forced_gpu_sizes((16, 4, 4)): assert cuda_launch(lin(x)) == ((16, 1, 1), (4, 1, 1))
+
 def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: np.random.Generator):
   """A folded norm's output axis (dot or squares, which no input is indexed by) is upcast: one workgroup computes both
   for its rows, rather than a second set of workgroups summing only squares."""
