@@ -16,7 +16,7 @@
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail
 STRATEGY=${STRATEGY:-packed_words} TOKENS=${TOKENS:-128}
-SIZES=${SIZES:-"8,4,1 8,4,2 8,4,4 8,8,1 8,8,2 16,2,1 16,2,2 16,2,4 16,4,1 16,4,2 16,4,4 32,1,1 32,1,2 32,1,4 32,2,1 32,2,2 32,2,4 64,1,1 64,1,2 64,1,4 128,1,1 128,1,2"}
+SIZES=${SIZES:-"32,2,4,0 64,1,4,0 16,4,4,0 32,2,4,1 64,1,4,1 16,4,4,1 128,1,4,1 32,2,2,1 64,1,2,1 32,2,8,1 64,1,8,1 16,4,8,1 32,2,4,2 64,1,4,2 16,4,4,2 32,2,8,2"}
 source experiments/device_env.sh || exit 1
 declare -A making   # model path -> pid of its background synthesis
 model_path() {   # PRESET[:Q] -> where its synthetic file goes

@@ -41,8 +41,9 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
 # correct: float32 sums (and the fp16 weights of dequant_cache) stay near 1e-4, a kernel that drops or repeats work is off by O(1)
 GEMV_TOLERANCE = 1e-3
 CACHE_BEATING_BYTES = 256 << 20   # weights a gemv reads in turn by default: 5x an H100's L2, as a model's weights outgrow it
-# threads per row, rows per workgroup, rows per thread: workgroups of 32 to 256 threads
-SIZE_GRID = [(t, b, r) for t in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8) for r in (1, 2, 4) if 32 <= t * b <= 256]
+# threads per row, rows per workgroup, rows per thread, span (words a thread reads; 0: a whole block): workgroups of 32
+# to 128 threads
+SIZE_GRID = [(t, b, r, s) for t in (16, 32, 64, 128) for b in (1, 2, 4) for r in (2, 4, 8) for s in (1, 2, 0) if 32 <= t * b <= 128]
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[Sizes | None] | None = None) -> list[dict]:

@@ -31,20 +31,22 @@ DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
 _tinygrad_heuristic, _tinygrad_parallel = heuristic.hand_coded_optimizations, PARALLEL.value
 _row_upcast = 0
-# The built-in GPU rule, fitted to the per-shape sweeps on an H100 (experiments/gpu_notes.md): 4 rows per thread (1 where a
-# block unrolls to 32 or more bytes: more registers than that spill), then threads per row doubled from 16 up to 128 (and
-# the blocks a row has) until the kernel launches GPU_MATVEC_THREADS threads, and workgroups of 64 threads.
+# The built-in GPU rules, fitted to the per-shape sweeps on an H100 (experiments/gpu_notes.md). packed_words (76de87d): 64
+# threads per row (or the blocks a row has) in workgroups of 64, each thread reading SPAN_ELEMENTS elements of a row as
+# neighbouring words (2 words of a 4-bit block) for 4 rows; for 2048 rows or fewer, half of each. A flat reduce
+# (packed_dot): 4 rows per thread (1 where a block unrolls to 32 or more bytes: more registers than that spill), then
+# threads per row doubled from 16 up to 128 (and the blocks a row has) until the kernel launches GPU_MATVEC_THREADS
+# threads, and workgroups of 64 threads.
 GPU_MATVEC_THREADS = 1 << 16
 MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
-
-ELEMENTS_PER_THREAD = 32
+SPAN_ELEMENTS = 16
 Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, words of a block per thread (span)]
 
 def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
   except ValueError: sizes = ()
-  if len(sizes) not in (3, 4) or any(v < 1 for v in sizes):
-    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN], e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
+  if len(sizes) not in (3, 4) or any(v < 1 for v in sizes[:3]) or (len(sizes) == 4 and sizes[3] < 0):
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0: whole blocks), e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
   return sizes
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
@@ -120,14 +122,13 @@ def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   words = outers[-1] if len(outers) < len(reduces) else None
   return blocks, words, [a for a in reduces if a not in (blocks, words)]
 
-def default_span(k: Scheduler) -> int:
-  """The words of a row a thread takes by default: ELEMENTS_PER_THREAD elements (a whole Q4_0, Q8_0 or MXFP4 block),
-  counted in one of the sums inside a word (a folded norm has two, its dots and its squares)."""
+def word_elements(k: Scheduler) -> int:
+  """The elements summed inside one word of a packed_words matvec (the largest of its inner sums: a folded norm has
+  two, its dots and its squares); 0 for a flat reduce."""
   outer = _outer_reduce(k)
-  word = max((prod(k.full_shape[k.rngs.index(r)] for r in red.src[1:]) for red in k.reduceops if red is not outer), default=1)
-  return max(1, ELEMENTS_PER_THREAD // word)
+  return max((prod(k.full_shape[k.rngs.index(r)] for r in red.src[1:]) for red in k.reduceops if red is not outer), default=0)
 
-def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int | None = None) -> Scheduler | None:
+def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0) -> Scheduler | None:
   """Split each row over up to `threads` threads (GROUP), LOCAL `block` rows, UPCAST `rows` rows per thread, then
   unroll the reduce axes left inside a thread, innermost first, up to 32 elements; None if the kernel is no matvec.
   Raises KernelOptError where tinygrad refuses an opt.
@@ -141,7 +142,8 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int | No
   if axis is None or k.full_shape[axis] % (block * rows): return None
   blocks, words, inside = reduce_axes(k)
   inner = [k.rngs[a] for a in inside]
-  tuned, span = k.copy(), (span or default_span(k)) if words is not None else 1
+  # a span of 0 (or sizes tuned before there was one) gives a thread whole 32-element blocks
+  tuned, span = k.copy(), (span or max(1, 32 // word_elements(k))) if words is not None else 1
   if words is not None:
     if (span := gcd(span, k.full_shape[words])) > 1:
       tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(words), span))
@@ -175,11 +177,19 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   compiled_shapes.append(shape := kernel_shape(k))
   if _gpu_override: return _gpu_override   # type: ignore[return-value]
   if shape in _tuned: return _tuned[shape]
-  blocks, _, inside = reduce_axes(k)
-  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], k.full_shape[blocks], k.full_shape[inside[-1]] if inside else 1)   # type: ignore[arg-type]
+  blocks, words, inside = reduce_axes(k)
+  steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
+  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k))   # type: ignore[arg-type]
 
-def builtin_gpu_sizes(rows: int, blocks: int, inner: int) -> Sizes:
-  """Threads per row, rows per workgroup, rows per thread for `rows` rows of `blocks` blocks whose innermost loop is `inner`."""
+def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0) -> Sizes:
+  """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
+  reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`."""
+  if word:
+    half = 2 if rows <= 2048 else 1
+    span = max(1, SPAN_ELEMENTS // half // word)
+    threads = min(64, steps // span)
+    return threads, max(1, 64 // threads), 4 // half, span
+  blocks = steps
   per_thread, threads = (1 if inner >= 32 else 4), 16
   while threads < min(128, blocks) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
   return threads, max(1, 64 // threads), per_thread
