@@ -38,6 +38,7 @@ class BenchConfig:
   fuse: bool = HINTS["fuse"].default
   norm: str = HINTS["norm"].default
   act_break: bool = HINTS["act_break"].default
+  attention: str = HINTS["attention"].default
   row_upcast: int = HINTS["row_upcast"].default
   topk: str = HINTS["topk"].default
   beam: int = HINTS["beam"].default
@@ -63,7 +64,7 @@ class BenchConfig:
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm": self.norm, "act_break": self.act_break,
-            "row_upcast": self.row_upcast,
+            "attention": self.attention, "row_upcast": self.row_upcast,
             "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
@@ -77,7 +78,7 @@ class BenchConfig:
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
                    progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm=self.norm,
-                   act_break=self.act_break)
+                   act_break=self.act_break, attention=self.attention)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""

@@ -12,7 +12,7 @@ from profiles.hints import HINTS
 
 DEFS = Path(__file__).with_name("defs")
 # switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
-SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool,
+SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool, "attention": str,
             "row_upcast": int, "skip": list, "topk": str, "beam": int,
             "jit_batch_size": int, "requant": str, "profile": bool}
 BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
@@ -74,7 +74,7 @@ def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str
   """The variant's switches over the experiment's bench sizes over `base`; `sizes` (from the command line) win over the experiment's."""
   sw = variant.switches
   fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "norm": sw.get("norm"),
-            "act_break": sw.get("act_break"), "row_upcast": sw.get("row_upcast"),
+            "act_break": sw.get("act_break"), "attention": sw.get("attention"), "row_upcast": sw.get("row_upcast"),
             "skip": tuple(sw["skip"]) if "skip" in sw else None, "beam": sw.get("beam"), "jit_batch_size": sw.get("jit_batch_size"),
             "requant": sw.get("requant"), "topk": sw.get("topk"), "profile": sw.get("profile")}
   chosen = {k: v for k, v in fields.items() if v is not None}

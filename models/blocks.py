@@ -40,7 +40,7 @@ class AttentionSpec:
 
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
-    self.cfg, self.spec = cfg, spec
+    self.cfg, self.spec, self.variant = cfg, spec, w.attention
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"], [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
                                                                       cfg.n_kv_heads * cfg.v_head_dim], cfg.dim)
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
@@ -70,7 +70,7 @@ class Attention:
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
     out = attention(self._heads(q, c.n_heads, c.head_dim, self.q_norm), k, v, start_pos, scale=self.spec.scale, window=self.spec.window,
-                    sinks=self.sinks, softcap=self.spec.softcap, q_rope=(*rope, self.spec.interleaved))
+                    sinks=self.sinks, softcap=self.spec.softcap, q_rope=(*rope, self.spec.interleaved), variant=self.variant)
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:

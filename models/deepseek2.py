@@ -68,7 +68,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
-    self.cfg, self.mla, self.rope, self.scale = cfg, mla, rope, scale
+    self.cfg, self.mla, self.rope, self.scale, self.variant = cfg, mla, rope, scale, w.attention
     H, r, dk = cfg.n_heads, mla.kv_lora_rank, mla.nope_dim + mla.rope_dim
     first = (f"{prefix}.attn_q_a", mla.q_lora_rank) if mla.q_lora_rank else (f"{prefix}.attn_q", H * dk)
     self.inputs = w.projections([first[0], f"{prefix}.attn_kv_a_mqa"], [first[1], r + mla.rope_dim], cfg.dim)
@@ -97,7 +97,7 @@ class MLAttention:
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
     q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale).transpose(1, 2))   # [B, T, H, v_dim]
+    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant).transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 
 def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:

@@ -8,7 +8,9 @@ may be a bound symbolic variable (TinyJit decode).
 
 Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest. The sums over
 positions then have a static inner axis that a GPU spreads over threads; over the valid prefix alone (a symbolic
-length) each thread walked every position in turn, one load after the other (15 us a layer on an H100).
+length) each thread walked every position in turn, one load after the other (15 us a layer on an H100). The variant
+`whole` reads every chunk the cache allocated instead: static shapes and loop bounds at every position, at the cost
+of reading (and masking) the whole cache every step.
 
 Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. `q_rope` (the cos and sin rows of
 the query positions, [T, rot_dims/2], and the pairing) rotates q where the logits read it, and a half cache meets q
@@ -22,6 +24,7 @@ from tinygrad.uop.ops import sint
 from ops.rope import apply_rope
 
 CHUNK = 64
+VARIANTS = ("chunked", "whole")   # the chunks that hold valid positions, or every chunk allocated
 
 def cache_positions(max_ctx: int) -> int:
   """Positions a cache allocates for max_ctx: whole chunks."""
@@ -56,11 +59,13 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
   return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
-              sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None) -> Tensor:
+              sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
+              variant: str = "chunked") -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
-  n = (start_pos + T + CHUNK - 1) // CHUNK
+  if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
+  n = L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
   keys = _chunks(k, n)
   # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated; q is broadcast
   # against the keys before any arithmetic on it

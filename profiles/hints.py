@@ -11,6 +11,7 @@ resolved hints, and journal records store them.
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
+from ops.attention import VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
 from quant.gguf_file import GGUFFile
@@ -43,6 +44,10 @@ def _norm(v: Any) -> str:
   if v not in NORMS: raise ValueError(f"{v!r} is not one of {', '.join(NORMS)}")
   return v
 
+def _attention(v: Any) -> str:
+  if v not in ATTENTION_VARIANTS: raise ValueError(f"{v!r} is not one of {', '.join(ATTENTION_VARIANTS)}")
+  return v
+
 def _strategy(v: Any) -> str: return StrategyPlan.parse(str(v)).spec()
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ HINTS: dict[str, Hint] = {
   "norm": Hint("fused", _norm, "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
                "first) or fold (its squares summed inside the matvecs)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
+  "attention": Hint("chunked", _attention, "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
+                    "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
   "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
   "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),

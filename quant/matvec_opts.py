@@ -46,7 +46,8 @@ def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
   except ValueError: sizes = ()
   if len(sizes) not in (3, 4) or any(v < 1 for v in sizes[:3]) or (len(sizes) == 4 and sizes[3] < 0):
-    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0: whole blocks), e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0: whole blocks), e.g. 16,4,4 or "
+                     f"64,1,4,1; got {spec!r}")
   return sizes
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None

@@ -176,6 +176,7 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   from ops.norm import NORMS
+  from ops.attention import VARIANTS as ATTENTION_VARIANTS
   from ops.topk import TOPK_ALGORITHMS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", metavar="SPEC",
@@ -194,6 +195,9 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                  "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
   s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
                  "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")
+  s.add_argument("--attention", choices=ATTENTION_VARIANTS, help="which KV cache positions attention reads: chunked (the chunks of 64 "
+                 "that hold valid ones; the default) or whole (every chunk allocated, masked: the same static shapes at every position, "
+                 "but each step reads the whole cache)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS,
                  help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels in a model) or sort "
                       "(tinygrad's Tensor.topk). Default pairwise")
@@ -353,7 +357,7 @@ def parser() -> argparse.ArgumentParser:
 
   s = sub.add_parser("tune", help="search kernel hints for a model on this device; the fastest become this device's profile",
                      description="Benches the hints resolved now, then one hint at a time every other value of it with the best of the "
-                                 "rest (norm, act_break, strategy, fuse, and row_upcast on a CPU or the JIT batch size on a GPU), in JIT "
+                                 "rest (norm, act_break, strategy, fuse, attention, and row_upcast on a CPU or the JIT batch size on a GPU), in JIT "
                                  "steady state, until --budget runs out. Prints the trials ranked, journals each (experiment tune) and "
                                  "writes the fastest hints, with the tok/s they reached, into profiles/<device>.yaml (its matvec sizes kept).")
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")

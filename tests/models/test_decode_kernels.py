@@ -1,7 +1,9 @@
 """Which kernels a decode step is made of: the elementwise ones are only the results that must be buffers."""
+import numpy as np
 from experiments.kernels import jit_kernels
 from models.runtime import Runtime
 from models.synth import synthesize
+from ops.sampling import Sampler, SamplerParams
 
 def test_llama_decode_realizes_no_rotated_query(tmp_path):
   """A Llama decode step's elementwise kernels are the embedding row and, per block, the KV cache write and the FFN
@@ -11,3 +13,15 @@ def test_llama_decode_realizes_no_rotated_query(tmp_path):
   for pos in range(3, 6): rt.decode(8, pos)   # eager, capture, replay
   elementwise = [k.name for k in jit_kernels(rt._decode) if k.name.startswith("E_")]
   assert len(elementwise) == 1 + 2 * rt.cfg.n_layers, elementwise
+
+def test_whole_attention_reads_every_chunk_to_the_same_tokens(tmp_path):
+  """`attention=whole` reads every chunk of the cache (static shapes), `chunked` (the default) as many as hold valid
+  positions; over a prompt and decode steps that cross a chunk boundary the logits and greedy tokens stay the same."""
+  path = synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0")
+  outs = {}
+  for variant in ("chunked", "whole"):
+    rt = Runtime(path, max_context=160, progress=False, attention=variant)
+    logits = rt.prefill(list(range(5, 65)))
+    outs[variant] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))))
+  np.testing.assert_allclose(outs["whole"][0], outs["chunked"][0], rtol=1e-5, atol=1e-5)
+  assert outs["whole"][1] == outs["chunked"][1]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
-from ops.attention import CHUNK, KVCache, attention
+from ops.attention import CHUNK, VARIANTS, KVCache, attention
 from ops.rope import apply_rope, rope_tables
 
 B, HQ, HKV, D, DV = 2, 4, 2, 8, 6
@@ -31,24 +31,28 @@ def in_cache(rng: np.random.Generator, a: np.ndarray, chunks: int) -> Tensor:
 @pytest.mark.parametrize("features", [{}, {"window": 3}, {"sinks": True}, {"softcap": 2.0}, {"window": 2, "sinks": True, "softcap": 3.0}],
                          ids=["gqa-causal", "window", "sinks", "softcap", "all"])
 @pytest.mark.parametrize("start_pos", [5, CHUNK + 3], ids=["one-chunk", "two-chunks"])
-def test_attention(seed, rng, features, start_pos):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention(seed, rng, features, start_pos, variant):
   # 4 queries at positions start_pos.. over start_pos + 4 keys: the causal mask is offset by start_pos
   q, k, v = qkv(rng, 4, start_pos + 4)
   sinks = rng.normal(size=HQ).astype(np.float32) * 2 if features.get("sinks") else None
   kw = {"window": features.get("window"), "softcap": features.get("softcap")}
   out = attention(Tensor(q), in_cache(rng, k, 3), in_cache(rng, v, 3), start_pos, scale=D ** -0.5,
-                  sinks=None if sinks is None else Tensor(sinks), **kw)
+                  sinks=None if sinks is None else Tensor(sinks), variant=variant, **kw)
   ref = ref_attention(q, k, v, start_pos, D ** -0.5, sinks=sinks, **kw)
-  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5, err_msg=f"{features} seed={seed}")
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5, err_msg=f"{features} {variant} seed={seed}")
 
 def test_attention_rejects_uneven_groups_and_partial_chunks():
   with pytest.raises(ValueError, match="multiple of kv heads"):
     attention(Tensor.zeros(1, 3, 1, D), Tensor.zeros(1, 2, CHUNK, D), Tensor.zeros(1, 2, CHUNK, D), 0, scale=1.0)
   with pytest.raises(ValueError, match="whole chunks"):
     attention(Tensor.zeros(1, 2, 1, D), Tensor.zeros(1, 2, 9, D), Tensor.zeros(1, 2, 9, D), 0, scale=1.0)
+  with pytest.raises(ValueError, match="unknown attention variant 'flash'"):
+    attention(Tensor.zeros(1, 2, 1, D), Tensor.zeros(1, 2, CHUNK, D), Tensor.zeros(1, 2, CHUNK, D), 0, scale=1.0, variant="flash")
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_kv_cache_prefill_then_decode(seed, rng, jit):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kv_cache_prefill_then_decode(seed, rng, jit, variant):
   """Prefill 5 tokens, then feed the rest through the cache (eager: a 3-token chunk and 1 token; TinyJit: 1 token per call with a
   symbolic start_pos); every output row equals full-sequence attention over all 9 tokens."""
   chunks, max_ctx, window, scale = [5, 1, 1, 1, 1] if jit else [5, 3, 1], 16, 4, D ** -0.5
@@ -58,7 +62,7 @@ def test_kv_cache_prefill_then_decode(seed, rng, jit):
 
   def step(q: Tensor, k: Tensor, v: Tensor, start_pos) -> Tensor:
     ks, vs = cache.update(k, v, start_pos)
-    return attention(q, ks, vs, start_pos, scale=scale, window=window, sinks=tsinks).realize()
+    return attention(q, ks, vs, start_pos, scale=scale, window=window, sinks=tsinks, variant=variant).realize()
   decode = TinyJit(step) if jit else step
 
   outs, p = [], 0

@@ -24,6 +24,7 @@ def test_each_hint_from_the_first_source_that_sets_it():
                                               ("row_upcast", 6, "hint row_upcast: 6 is neither 0 nor a power of two"),
                                               ("topk", "bitonic", "hint topk: 'bitonic' is not one of pairwise, sort"),
                                               ("fuse", "2", "hint fuse: '2' is not true or false"),
+                                              ("attention", "flash", "hint attention: 'flash' is not one of chunked, whole"),
                                               ("rounding", "ggml", "unknown hint 'rounding'")])
 def test_bad_hints_say_which_and_why(name: str, value, error: str):
   with pytest.raises(ValueError, match=error): check(name, value)
