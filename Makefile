@@ -30,6 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 reference: setup
+	$(PY) -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e '.[reference]'
 
 # What a lent GPU machine needs from here (experiments/device_env.sh); both folders are git-ignored and named in `carry`

@@ -4,7 +4,7 @@
 #   check               GPU against the CPU reference (experiments/device_reference.json); stops the session on a mismatch
 #   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
-#   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default a 22-size grid), the best saved to this
+#   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default 16 sizes with spans), the best saved to this
 #                       device's profile (copied to $OUT), which later steps use
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)

@@ -9,7 +9,7 @@ GB/s each reached:
     strategy: packed_words
     norm: break
   matvec_sizes:
-    2048x256x4x4x2: {sizes: '64,2,2', gb_s: 355.1}
+    2048x4x2x64x4: {sizes: '64,1,2,1', gb_s: 624.9}
 """
 import os
 import platform
@@ -71,7 +71,7 @@ def load(path: Path) -> dict:
     elif key.value == "matvec_sizes":
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,S]', gb_s: N}")
       for shape, entry in value.value:
-        if not re.fullmatch(r"\d+(x\d+)*", shape.value): raise _fail(path, shape, f"{shape.value!r} is no kernel shape (like 2048x256x4x4x2)")
+        if not re.fullmatch(r"\d+(x\d+)*", shape.value): raise _fail(path, shape, f"{shape.value!r} is no kernel shape (like 2048x4x2x64x4)")
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
         except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None

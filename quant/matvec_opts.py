@@ -2,11 +2,11 @@
 
 GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduce (nibbles, scales, two reduce axes) gets
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
-Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row's blocks over
-threads (GROUP), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes
-of a block. Sizes come from, first to last: TINYZOO_GPU_MATVEC="threads,block,rows[,span]" or `forced_gpu_sizes` (one size for every
-kernel, for sweeps), the sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the
-built-in rule.
+Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row over threads
+(GROUP: a block's words to neighbouring threads under packed_words, the blocks otherwise), puts several rows in a
+workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes of a word. Sizes come from, first to
+last: TINYZOO_GPU_MATVEC="threads,block,rows[,span]" or `forced_gpu_sizes` (one size for every kernel, for sweeps), the
+sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the built-in rule.
 
 CPUs: tinygrad's heuristic leaves matvecs scalar and serial.
 
@@ -45,9 +45,10 @@ Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread
 def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
   except ValueError: sizes = ()
-  if len(sizes) not in (3, 4) or any(v < 1 for v in sizes[:3]) or (len(sizes) == 4 and sizes[3] < 0):
-    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0: whole blocks), e.g. 16,4,4 or "
-                     f"64,1,4,1; got {spec!r}")
+  # a span is a power of two up to 8, so that it divides the 4 or 8 words of any block
+  if len(sizes) not in (3, 4) or any(v < 1 for v in sizes[:3]) or (len(sizes) == 4 and sizes[3] not in (0, 1, 2, 4, 8)):
+    raise ValueError(f"GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0, 1, 2, 4 or 8 words; 0: "
+                     f"whole blocks), e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
   return sizes
 
 _gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
@@ -72,7 +73,8 @@ def untuned_matvec_shapes() -> list[str]:
   return sorted(set(compiled_shapes) - _tuned.keys())
 
 def kernel_shape(k: Scheduler) -> str:
-  """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x256x4x4x2'."""
+  """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x4x2x64x4' (rows,
+  bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""
   return "x".join(str(s) for s in k.full_shape)
 
 def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:

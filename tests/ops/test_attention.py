@@ -55,7 +55,7 @@ def test_attention_rejects_uneven_groups_and_partial_chunks():
 def test_kv_cache_prefill_then_decode(seed, rng, jit, variant):
   """Prefill 5 tokens, then feed the rest through the cache (eager: a 3-token chunk and 1 token; TinyJit: 1 token per call with a
   symbolic start_pos); every output row equals full-sequence attention over all 9 tokens."""
-  chunks, max_ctx, window, scale = [5, 1, 1, 1, 1] if jit else [5, 3, 1], 16, 4, D ** -0.5
+  chunks, max_ctx, window, scale = [5, 1, 1, 1, 1] if jit else [5, 3, 1], 2 * CHUNK, 4, D ** -0.5   # whole reads the 2nd chunk too
   q, k, v = qkv(rng, sum(chunks), sum(chunks))
   sinks = rng.normal(size=HQ).astype(np.float32)
   cache, tsinks = KVCache(B, HKV, max_ctx, D, DV), Tensor(sinks)

@@ -26,6 +26,8 @@ def test_save_merges_and_use_applies(tmp_path: Path):
 
 @pytest.mark.parametrize("text,error", [
   ("device: x\nmatvec_sizes:\n  2048x256: {sizes: '64,2', gb_s: 1}\n", ":3: 2048x256: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"),
+  ("device: x\nmatvec_sizes:\n  2048x4x2x64x4: {sizes: '64,1,4,3', gb_s: 1}\n",
+   ":3: 2048x4x2x64x4: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0, 1, 2, 4 or 8"),
   ("device: x\nhint: {}\n", ":2: unknown key 'hint'"),
   ("device: x\nhints:\n  norm: break\n  beams: 2\n", ":4: unknown hint 'beams' (known: strategy,"),
   ("device: x\nhints:\n  act_break: maybe\n", ":3: hint act_break: 'maybe' is not true or false"),
