@@ -69,3 +69,13 @@ def test_plot_keeps_one_devices_records():
   records = [{"device": "CUDA: NVIDIA H100 80GB HBM3", "n": 1}, {"device": "CPU: Intel Xeon, 2 cores", "n": 2}]
   assert [r["n"] for r in on_device(records, "h100")] == [1]
   with pytest.raises(ValueError, match="no records on a device matching 'ROCm'"): on_device(records, "ROCm")
+
+def test_a_sweep_times_spans_for_packed_words_only(capsys, monkeypatch):
+  """The span (a fourth size) splits packed_words blocks: a packed_dot sweep times each (T, B, R) once."""
+  from tinyzoo.cli import main
+  monkeypatch.setattr("profiles.device.PROFILES", Path("/nonexistent"))   # no device profile, whatever runs the test
+  assert main(["matvec", "--shape", "64x256", "--type", "Q4_0", "--strategies", "packed_dot,packed_words", "--copies", "1", "--iters", "1",
+               "--gpu-sizes", "16,4,4,1 16,4,4,2", "--no-journal"]) == 0
+  lines = [l.split(":")[0] for l in capsys.readouterr().out.splitlines() if "GB/s" in l and "best" not in l]
+  assert lines == ["gemv Q4_0 64x256 packed_dot sizes 16,4,4", "gemv Q4_0 64x256 packed_words sizes 16,4,4,1",
+                   "gemv Q4_0 64x256 packed_words sizes 16,4,4,2"], lines
