@@ -72,12 +72,8 @@ def find(name: str, defs: Path = DEFS) -> Experiment:
 
 def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str, int] | None = None) -> BenchConfig:
   """The variant's switches over the experiment's bench sizes over `base`; `sizes` (from the command line) win over the experiment's."""
-  sw = variant.switches
-  fields = {"strategy": sw.get("strategy"), "rounding": sw.get("rounding"), "fuse": sw.get("fuse"), "norm": sw.get("norm"),
-            "act_break": sw.get("act_break"), "attention": sw.get("attention"), "row_upcast": sw.get("row_upcast"),
-            "skip": tuple(sw["skip"]) if "skip" in sw else None, "beam": sw.get("beam"), "jit_batch_size": sw.get("jit_batch_size"),
-            "requant": sw.get("requant"), "topk": sw.get("topk"), "profile": sw.get("profile")}
-  chosen = {k: v for k, v in fields.items() if v is not None}
+  # a switch fills the BenchConfig field of its name (loading checked both name and type)
+  chosen = {k: tuple(v) if k == "skip" else v for k, v in variant.switches.items()}
   return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **chosen,
                              hint_sources={**base.hint_sources, **{k: "runtime" for k in chosen if k in HINTS}})
 

@@ -36,17 +36,11 @@ def _row_upcast(v: Any) -> int:
   if (n := _count(v)) & (n - 1): raise ValueError(f"{n} is neither 0 nor a power of two")
   return n
 
-def _topk(v: Any) -> str:
-  if v not in TOPK_ALGORITHMS: raise ValueError(f"{v!r} is not one of {', '.join(TOPK_ALGORITHMS)}")
-  return v
-
-def _norm(v: Any) -> str:
-  if v not in NORMS: raise ValueError(f"{v!r} is not one of {', '.join(NORMS)}")
-  return v
-
-def _attention(v: Any) -> str:
-  if v not in ATTENTION_VARIANTS: raise ValueError(f"{v!r} is not one of {', '.join(ATTENTION_VARIANTS)}")
-  return v
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
+  def parse(v: Any) -> str:
+    if v not in choices: raise ValueError(f"{v!r} is not one of {', '.join(choices)}")
+    return v
+  return parse
 
 def _strategy(v: Any) -> str: return StrategyPlan.parse(str(v)).spec()
 
@@ -58,12 +52,12 @@ class Hint:
 
 HINTS: dict[str, Hint] = {
   "strategy": Hint("packed_dot", _strategy, "how matmuls read packed weights, per GGML type or FFN (quant/linear.py)"),
-  "topk": Hint("pairwise", _topk, "MoE routing's top-k: pairwise ranks or tinygrad's sort"),
+  "topk": Hint("pairwise", _one_of(TOPK_ALGORITHMS), "MoE routing's top-k: pairwise ranks or tinygrad's sort"),
   "fuse": Hint(True, _bool, "q/k/v and gate/up as one matmul per GGML type"),
-  "norm": Hint("fused", _norm, "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
+  "norm": Hint("fused", _one_of(NORMS), "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
                "first) or fold (its squares summed inside the matvecs)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
-  "attention": Hint("chunked", _attention, "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
+  "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
                     "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
   "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),

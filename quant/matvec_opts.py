@@ -192,9 +192,8 @@ def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0) -> Sizes
     span = max(1, SPAN_ELEMENTS // half // word)
     threads = min(64, steps // span)
     return threads, max(1, 64 // threads), 4 // half, span
-  blocks = steps
   per_thread, threads = (1 if inner >= 32 else 4), 16
-  while threads < min(128, blocks) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
+  while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
   return threads, max(1, 64 // threads), per_thread
 
 def _cpu_matvec(k: Scheduler) -> Scheduler | None:
