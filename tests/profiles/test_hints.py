@@ -75,3 +75,17 @@ def test_bench_records_hints_and_experiment_switches_are_runtime():
   cfg = named.config(exp, exp.variants[0], base)
   assert cfg.hints()["beam"] == {"value": 0, "source": "runtime"} and cfg.hints()["norm"]["source"] == "profile"
   assert named.config(exp, exp.baseline, base).hints()["beam"] == {"value": 1, "source": "profile"}
+
+def test_run_builds_the_model_from_the_resolved_hints(tmp_path: Path, monkeypatch, capsys):
+  """`tinyzoo run` (and logits) give the Runtime each hint from its source: here the manifest's and the environment's."""
+  monkeypatch.setattr("profiles.device.PROFILES", tmp_path)   # no profile for this device, whatever runs the test
+  model = model_with_manifest(tmp_path / "m.gguf", norm="break", act_break=False)
+  monkeypatch.setenv("TINYZOO_HINTS", "attention=whole;topk=sort")
+  built = {}
+  def fake_runtime(path, **kwargs):
+    built.update(kwargs)
+    raise ValueError("built")
+  monkeypatch.setattr("tinyzoo.run.Runtime", fake_runtime)
+  assert main(["run", str(model), "-p", "hi"]) == 1 and "built" in capsys.readouterr().err
+  assert {k: built[k] for k in ("norm", "act_break", "attention", "topk", "strategy")} == {
+    "norm": "break", "act_break": False, "attention": "whole", "topk": "sort", "strategy": "packed_dot"}
