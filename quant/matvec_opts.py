@@ -164,12 +164,15 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
     if a != axis and isinstance(n := tuned.full_shape[a], int) and 1 < n <= MAX_SHORT_OUTPUTS and \
        sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice for b in tuned.bufs) == 1:
       tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
-  unrolled = span
-  for r in reversed(inner):
-    a = tuned.rngs.index(r)
-    if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
-    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
-    unrolled *= n
+  # each sum inside a thread's words on its own (a packed_words matvec has two over the same elements, its products and
+  # x's sum): a budget shared by both would leave a loop of the first
+  for red in (k.reduceops if words is not None else [k.reduceop]):
+    unrolled = span
+    for r in reversed([r for r in inner if r in red.src[1:]] if words is not None else inner):
+      a = tuned.rngs.index(r)
+      if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
+      tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
+      unrolled *= n
   return tuned
 
 def _reduce_axis(k: Scheduler, arg: tuple) -> int | None:

@@ -7,9 +7,13 @@ as words, a GPU thread reads a block's 16 quant bytes in one 16-byte load. Eleme
 of word j; element 16h + 4j + k of a 4-bit block is nibble h of byte k of word j.
 
 Decoding avoids integer-to-float conversions, which NVIDIA GPUs run at an eighth of the FMA rate (they bounded the
-first GPU matvecs): an integer q < 2^23 is the float (q | 0x4B000000) - 2^23, exactly; an E2M1 code's three low bits
-shifted into an fp16's exponent and mantissa are its value times 2^-14, subnormals included, and half-to-float runs at
-full rate. Each word's elements are summed before its block's scale multiplies them (one multiply per 8 or 4 elements).
+first GPU matvecs), and spends two integer operations an element: a shift that moves the quant to the top of a 1.0's
+mantissa, and one mask-and-or (a b-bit quant q becomes the float 1 + q/2^b, exactly). The 1.0 and the format's offset
+come off each word's sum at once, 2^b*sum(f*x) - (2^b + offset)*sum(x), where subtracting them per element took a
+third operation; sum(x) is the same for every row a thread reads. An E2M1 code's magnitude bits shifted into an fp16's
+exponent and mantissa are its value times 2^-14, subnormals included, half-to-float runs at full rate, and its sign
+bit is shifted to the float's. Each word's elements are summed before its block's scale multiplies them (one multiply
+per 8 or 4 elements).
 """
 from dataclasses import dataclass
 from gguf import GGMLQuantizationType as T
@@ -20,7 +24,7 @@ from quant.qtensor import QTensor
 # GGML type -> (byte offset of the quants, of Q4_1's min or None, bits per element); the scale is bytes 0:2 (fp16), or
 # byte 0 (E8M0) for MXFP4
 WORD_TYPES = {T.Q4_0: (2, None, 4), T.Q4_1: (4, 2, 4), T.Q8_0: (2, None, 8), T.MXFP4: (1, None, 4)}
-MAGIC = 0x4B000000   # the bits of 2^23
+ONE = 0x3F800000   # the bits of 1.0
 
 @dataclass(frozen=True)
 class WordBlocks:
@@ -46,18 +50,23 @@ class WordBlocks:
     d = field(0, 1, dtypes.uint8) if qt.ggml_type is T.MXFP4 else field(0, 2, dtypes.float16)
     return WordBlocks(qt.ggml_type, words, d, field(m_at, 2, dtypes.float16) if m_at is not None else None)
 
-  def _values(self) -> Tensor:
-    """Every element as float32 before its block's scale, [..., nb, word j, byte k, plane h]; MXFP4's times 2^-15."""
+  def _mantissas(self) -> tuple[Tensor, int, int]:
+    """Every element as a float32 f before its block's scale, [..., nb, word j, byte k, plane h], and (a, b): its value
+    is a*f - b (MXFP4's times 2^-15)."""
     planes = 8 // self.bits   # 2 nibble planes in a 4-bit block's bytes, 1 in Q8_0's
     # byte k of a word is 8k bits up, plane h of a byte 4h more; the plane is innermost, so a word is loaded once for both
-    shifts = (Tensor.arange(4).reshape(1, 4, 1) * 8 + Tensor.arange(planes).reshape(1, 1, planes) * 4).cast(dtypes.uint32)
-    q = (self.words.reshape(*self.words.shape, 1, 1) >> shifts).bitwise_and((1 << self.bits) - 1)
+    at = (Tensor.arange(4).reshape(1, 4, 1) * 8 + Tensor.arange(planes).reshape(1, 1, planes) * 4).cast(dtypes.int32)
+    words = self.words.reshape(*self.words.shape, 1, 1)
+    def moved(to: int, mask: int) -> Tensor:   # each element's bits shifted from `at` to bit `to`, masked: one shift each
+      return ((words << (to - at).maximum(0).cast(dtypes.uint32)) >> (at - to).maximum(0).cast(dtypes.uint32)).bitwise_and(mask << to)
     if self.ggml_type is T.MXFP4:
-      magnitude = (q.bitwise_and(7) << 9).cast(dtypes.uint16).bitcast(dtypes.float16).cast(dtypes.float32)
-      return (magnitude.bitcast(dtypes.uint32) | (q.bitwise_and(8) << 28)).bitcast(dtypes.float32)
-    # Q8_0's bytes are int8: with the sign bit flipped they are q + 128
-    if self.bits == 8: q = q.bitwise_xor(0x80)
-    return (q | MAGIC).bitcast(dtypes.float32) - float(2 ** 23 + {T.Q4_0: 8, T.Q8_0: 128}.get(self.ggml_type, 0))
+      magnitude = moved(9, 7).cast(dtypes.uint16).bitcast(dtypes.float16).cast(dtypes.float32)
+      return (magnitude.bitcast(dtypes.uint32) | moved(28, 8)).bitcast(dtypes.float32), 1, 0
+    # Q8_0's bytes are int8: with the sign bits flipped (once a word) they are q + 128
+    if self.bits == 8: words = words.bitwise_xor(0x80808080)
+    top = 23 - self.bits
+    f = (moved(top, (1 << self.bits) - 1) | ONE).bitcast(dtypes.float32)
+    return f, 1 << self.bits, (1 << self.bits) + {T.Q4_0: 8, T.Q8_0: 128}.get(self.ggml_type, 0)
 
   def _per_word(self, field: Tensor, sel: Tensor | None) -> Tensor:
     """A per-block field [..., nb] as [..., nb, words], gathered by sel: broadcast before the gather, or the gathered
@@ -80,11 +89,17 @@ class WordBlocks:
     The words of a row are one reduce axis, so a GPU matvec can give neighbouring threads neighbouring words: their
     activation loads then cover one contiguous span, where a thread per block reads 128 bytes a row's block apart
     (quant/matvec_opts.py)."""
-    v = self._values()
+    f, a, b = self._mantissas()
     # the decoded expression is gathered, not the words: those would be copied out by a kernel of their own first
-    if sel is not None: v = v[sel]
-    y = (v * xb).sum(axis=(-2, -1)) * self._scale(sel)
-    if self.m is not None: y = y + self._per_word(self.m, sel).cast(dtypes.float32) * xb.sum(axis=(-2, -1))
+    if sel is not None: f = f[sel]
+    products = f * xb
+    y = products.sum(axis=(-2, -1))
+    if b or self.m is not None:
+      # x broadcast over the rows before its sum, which then stays in this kernel (a thread computes it once for its rows)
+      xs = xb.expand(products.shape).sum(axis=(-2, -1))
+      y = y * a - xs * b
+    y = y * self._scale(sel)
+    if self.m is not None: y = y + self._per_word(self.m, sel).cast(dtypes.float32) * xs
     return y.flatten(-2)
 
   def dot_and_squares(self, x: Tensor, scale: Tensor | None) -> Tensor:
