@@ -165,8 +165,10 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
        sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice for b in tuned.bufs) == 1:
       tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
   # each sum inside a thread's words on its own (a packed_words matvec has two over the same elements, its products and
-  # x's sum): a budget shared by both would leave a loop of the first
-  for red in (k.reduceops if words is not None else [k.reduceop]):
+  # x's sum): a budget shared by both would leave a loop of the first. Axes of the outer sum left inside a thread (the
+  # experts of a mixed MoE matvec) stay loops: unrolled, a down-experts kernel spilled (255 registers)
+  inner_sums = [red for red in k.reduceops if red is not _outer_reduce(k)] if words is not None else [k.reduceop]
+  for red in inner_sums:
     unrolled = span
     for r in reversed([r for r in inner if r in red.src[1:]] if words is not None else inner):
       a = tuned.rngs.index(r)
