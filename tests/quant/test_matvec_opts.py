@@ -170,3 +170,17 @@ def test_gpu_matvec_splits_moe_expert_rows(row_upcast, rng: np.random.Generator)
   x = Tensor(rng.standard_normal((1, 1, 1, 2880), dtype=np.float32)).realize()
   sel = Tensor([[[1, 5, 7, 2]]], dtype=dtypes.int32).realize()
   assert cuda_launch(experts(x, sel)) == ((720, 4, 1), (90, 1, 1))   # 90 blocks a row, 90 threads; 4 rows a thread; 4 experts
+
+def test_gpu_matvec_unrolls_each_sum_inside_a_word(row_upcast, rng: np.random.Generator):
+  """A Q4_0 packed_words matvec has two sums inside a word (its products and x's sum): both are unrolled, so every
+  nibble is shifted by a constant (the first one 19 bits up, to the top of a 1.0's mantissa) and no loop walks a
+  word's bytes; a mixed MoE matvec keeps its experts a loop (unrolled, gpt-oss's down experts spilled)."""
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (1024, 1536), rng), T.Q4_0, (1024, 1536)), strategy="packed_words")
+  with forced_gpu_sizes((64, 1, 4, 2)): src = cuda_source(lin(Tensor(rng.standard_normal((1, 1536), dtype=np.float32)).realize()))
+  assert "<<19u)&7864320u)|1065353216u" in src and "< 4;" not in src
+  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.MXFP4, (8, 1472, 1472), rng), T.MXFP4, (8, 1472, 1472)), strategy="packed_words")
+  x = Tensor(rng.standard_normal((1, 1, 4, 1472), dtype=np.float32)).realize()
+  sel, mix = Tensor([[[1, 5, 7, 2]]], dtype=dtypes.int32).realize(), Tensor([[[0.1, 0.2, 0.3, 0.4]]]).realize()
+  loops = [line for line in cuda_source(experts.mixed(x, sel, mix)).splitlines() if "for (" in line]
+  assert "< 4;" in loops[0] and "< 23;" in loops[1]   # the 4 experts around each thread's 23 steps of a row
