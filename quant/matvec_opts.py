@@ -167,10 +167,11 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   # each sum inside a thread's words on its own (a packed_words matvec has two over the same elements, its products and
   # x's sum): a budget shared by both would leave a loop of the first. Axes of the outer sum left inside a thread (the
   # experts of a mixed MoE matvec) stay loops: unrolled, a down-experts kernel spilled (255 registers)
-  inner_sums = [red for red in k.reduceops if red is not _outer_reduce(k)] if words is not None else [k.reduceop]
-  for red in inner_sums:
+  outer = _outer_reduce(k)
+  sums = [[r for r in inner if r in red.src[1:]] for red in k.reduceops if red is not outer] if words is not None else [inner]
+  for axes in sums:
     unrolled = span
-    for r in reversed([r for r in inner if r in red.src[1:]] if words is not None else inner):
+    for r in reversed(axes):
       a = tuned.rngs.index(r)
       if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
       tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))
