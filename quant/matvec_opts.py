@@ -88,14 +88,16 @@ def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
   size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it only
-  short output axes (the experts a MoE token uses, each reading its own expert's rows; gate and up of joined rows)."""
+  short output axes (the experts a MoE token uses, each reading its own expert's rows; gate and up of joined rows).
+  A lone output axis is the rows whatever its size: a MoE router has as many rows as experts (32 for GPT-OSS), which
+  tinygrad's heuristic gave 16 threads a row, each walking 180 columns in turn (25 us of an H100's 160 a block)."""
   if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or not k.axes_of(AxisType.REDUCE): return None
   if not all(isinstance(s, int) for s in k.full_shape): return None
   outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if k.full_shape[a] > 1]
-  rows = [a for a in outputs if k.full_shape[a] >= 64]
+  rows = outputs if len(outputs) == 1 else [a for a in outputs if k.full_shape[a] >= 64]
   if len(rows) != 1 or prod(k.full_shape[a] for a in outputs if a != rows[0]) > MAX_SHORT_OUTPUTS: return None
   row, reduces = k.rngs[rows[0]], k.ranges_of(AxisType.REDUCE)
-  reads = [b.src[1].get_idx().backward_slice for b in k.bufs]
+  reads = [b.src[1].get_idx().backward_slice_with_self for b in k.bufs]
   weights = any(row in r for r in reads)
   broadcast = any(row not in r and any(red in r for red in reduces) for r in reads)
   return rows[0] if weights and broadcast else None
@@ -156,13 +158,17 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   if (left := _reduce_axis(tuned, k.rngs[blocks].arg)) is not None:   # none where the span took a whole short row
     threads = max(d for d in range(1, threads + 1) if tuned.full_shape[left] % d == 0)   # 20 blocks a row: 20 threads, not 4
     if threads > 1: tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(left), threads))
+  # one element a step (float weights): a thread's steps unrolled so that their loads are in flight together
+  if words is None and not inside and (left := _reduce_axis(tuned, k.rngs[blocks].arg)) is not None and \
+     (n := gcd(REDUCE_UNROLL, tuned.full_shape[left])) > 1:
+    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(left), n))
   for op, n in ((OptOps.LOCAL, block), (OptOps.UPCAST, rows)):
     if n > 1: tuned.apply_opt(Opt(op, axis, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
   # thread reads its inputs once for all of them
   for a in reversed(tuned.axes_of(AxisType.GLOBAL)):
     if a != axis and isinstance(n := tuned.full_shape[a], int) and 1 < n <= MAX_SHORT_OUTPUTS and \
-       sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice for b in tuned.bufs) == 1:
+       sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice_with_self for b in tuned.bufs) == 1:
       tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
   # each sum inside a thread's words on its own (a packed_words matvec has two over the same elements, its products and
   # x's sum): a budget shared by both would leave a loop of the first. Axes of the outer sum left inside a thread (the
@@ -198,7 +204,8 @@ def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0) -> Sizes
     span = max(1, SPAN_ELEMENTS // half // word)
     threads = min(64, steps // span)
     return threads, max(1, 64 // threads), 4 // half, span
-  per_thread, threads = (1 if inner >= 32 else 4), 16
+  # a thread's rows share its activation loads, but few rows (a MoE router's) need one a thread to fill the GPU
+  per_thread, threads = (1 if inner >= 32 or rows < 1024 else 4), 16
   while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
   return threads, max(1, 64 // threads), per_thread
 
@@ -222,10 +229,27 @@ def gpu_chunked_reduce(k: Scheduler) -> Scheduler | None:
   tuned.apply_opt(Opt(OptOps.GROUP, reduces.index(max(static, key=lambda a: k.full_shape[a])), CHUNK_THREADS))
   return _tinygrad_heuristic(tuned)
 
+FULL_REDUCE_THREADS = 256
+
+def gpu_full_reduce(k: Scheduler) -> Scheduler | None:
+  """A sum or max of constant size down to one value (a norm's sum of squares, the argmax's last max): tinygrad's
+  heuristic GROUPs it over 16 threads, each walking 1/16 of it (8192 values: 512 loads in turn); this takes up to
+  FULL_REDUCE_THREADS threads and unrolls what each walks by REDUCE_UNROLL, so that its loads are in flight together.
+  None for other kernels."""
+  reduces = k.axes_of(AxisType.REDUCE)
+  if k.reduceop is None or len(reduces) != 1 or not all(isinstance(s, int) for s in k.full_shape) or \
+     prod(k.full_shape[a] for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK)) != 1: return None
+  tuned, n = k.copy(), k.full_shape[reduces[0]]
+  if (threads := max(d for d in range(1, FULL_REDUCE_THREADS + 1) if n % d == 0)) > 1:
+    tuned.apply_opt(Opt(OptOps.GROUP, 0, threads))
+  if (unroll := gcd(REDUCE_UNROLL, n // threads)) > 1:
+    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(_reduce_axis(tuned, k.rngs[reduces[0]].arg)), unroll))
+  return tuned
+
 def _optimize(k: Scheduler) -> Scheduler:
   try:
     if not k.ren.has_local: tuned = _cpu_matvec(k)
     elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *gpu_matvec_sizes(k))
-    else: tuned = gpu_chunked_reduce(k)
+    else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k)
   except KernelOptError: tuned = None
   return tuned if tuned is not None else _tinygrad_heuristic(k)

@@ -15,7 +15,9 @@ def block_format(ggml_type: GGMLQuantizationType) -> BlockFormat:
 
 @dataclass(frozen=True)
 class QTensor:
-  blocks: Tensor                  # uint8 [*shape[:-1], shape[-1] // block_elems, block_bytes]
+  # uint8 [*shape[:-1], shape[-1] // block_elems, block_bytes]; a one-element block (F32, F16, BF16) as one unsigned
+  # integer of its width, [*shape[:-1], shape[-1], 1], so that a kernel loads it whole rather than byte by byte
+  blocks: Tensor
   ggml_type: GGMLQuantizationType
   shape: tuple[int, ...]          # logical, row-major: the GGUF dims reversed
 
@@ -31,6 +33,7 @@ class QTensor:
     fmt = block_format(ggml_type)
     if shape[-1] % fmt.block_elems: raise ValueError(f"rows of {shape[-1]} elements are not whole {fmt.name} blocks of {fmt.block_elems}")
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(*shape[:-1], shape[-1] // fmt.block_elems, fmt.block_bytes)
+    if fmt.block_elems == 1: blocks = blocks.view(f"<u{fmt.block_bytes}")
     return QTensor(Tensor(blocks, device=device), ggml_type, tuple(shape))
 
   def dequantize(self) -> Tensor:

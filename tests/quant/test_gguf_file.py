@@ -23,8 +23,10 @@ def test_round_trip_keeps_blocks(every_type):
   assert set(g.tensors) == set(tensors)
   for name, (t, raw, shape) in tensors.items():
     qt = g.load(name)
-    assert (qt.ggml_type, qt.shape) == (t, shape) and qt.blocks.dtype.name == "unsigned char"
-    np.testing.assert_array_equal(qt.blocks.numpy().reshape(raw.shape), raw, err_msg=name)
+    # one-element blocks (F32, F16, BF16) are kept as unsigned integers of their width, the others as bytes
+    stored = "unsigned char" if qt.format.block_elems > 1 else {2: "unsigned short", 4: "unsigned int"}[qt.format.block_bytes]
+    assert (qt.ggml_type, qt.shape, qt.blocks.dtype.name) == (t, shape, stored), name
+    np.testing.assert_array_equal(qt.blocks.numpy().view(np.uint8).ravel(), np.ascontiguousarray(raw).view(np.uint8).ravel(), err_msg=name)
   assert len(dict(g.load_all(progress=False))) == len(tensors)
 
 def test_missing_key_and_tensor(every_type):

@@ -184,3 +184,27 @@ def test_gpu_matvec_unrolls_each_sum_inside_a_word(row_upcast, rng: np.random.Ge
   sel, mix = Tensor([[[1, 5, 7, 2]]], dtype=dtypes.int32).realize(), Tensor([[[0.1, 0.2, 0.3, 0.4]]]).realize()
   loops = [line for line in cuda_source(experts.mixed(x, sel, mix)).splitlines() if "for (" in line]
   assert "< 4;" in loops[0] and "< 23;" in loops[1]   # the 4 experts around each thread's 23 steps of a row
+
+def test_gpu_matvec_of_a_routers_few_float_rows(row_upcast, rng: np.random.Generator):
+  """A MoE router (GPT-OSS: 32 rows of 2880 F32) is a matvec too: a row a workgroup, its columns over 120 threads that
+  load whole words four steps at a time. tinygrad's heuristic gave it 16 threads a row, each loading 180 columns byte
+  by byte, one after the other (25 us of an H100's decode step a block)."""
+  row_upcast(8)
+  rows, cols = 32, 2880
+  raw = rng.standard_normal((rows, cols), dtype=np.float32)
+  lin = QuantLinear(QTensor.from_bytes(raw, T.F32, (rows, cols)), Tensor(rng.standard_normal(rows, dtype=np.float32)).realize())
+  x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
+  assert cuda_launch(lin(x)) == ((32, 1, 1), (120, 1, 1))
+  src = cuda_source(lin(x * 1))
+  assert "unsigned char" not in src and [line for line in src.splitlines() if "for (" in line][0].endswith("< 6; Ridx0++) {")
+  row_upcast(0)
+  assert cuda_launch(lin(x * 2))[1] == (16, 1, 1), "tinygrad's own heuristic"
+
+@pytest.mark.parametrize("n,threads,loop", [(2048, 256, "< 2;"), (8192, 256, "< 8;"), (2880, 240, "< 3;")])
+def test_gpu_full_reduce_over_many_threads(n: int, threads: int, loop: str, row_upcast, rng: np.random.Generator):
+  """A sum down to one value (a norm's sum of squares; the argmax's last max is one over 8192 keys) is split over up
+  to 256 threads, each loading 4 values at a time; tinygrad's heuristic gave it 16 threads walking 1/16 each."""
+  row_upcast(8)
+  x = Tensor(rng.standard_normal(n, dtype=np.float32)).realize()
+  assert cuda_launch((x * x).sum()) == ((1, 1, 1), (threads, 1, 1))
+  assert loop in [line for line in cuda_source((x * x).max()).splitlines() if "for (" in line][0]
