@@ -16,6 +16,10 @@ def _git(*args: str) -> str:
   try: return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10).stdout.strip()
   except OSError: return ""
 
+def commit_times() -> dict[str, int]:
+  """The commit time (Unix seconds) of every commit this checkout's git knows, by its first 7 hex digits; empty without git."""
+  return {h[:7]: int(t) for h, t in (line.split() for line in _git("log", "--all", "--format=%H %ct").splitlines())}
+
 def context() -> dict[str, Any]:
   """What every record carries: when, which code, on what."""
   if commit := os.environ.get("TINYZOO_COMMIT"):   # a copied tree (a lent GPU machine), whose .git may be missing or stale

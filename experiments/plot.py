@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from experiments.journal import commit_times
 from experiments.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 KINDS = ("kernels", "speed", "breakdown", "history")
@@ -241,7 +242,11 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   if not good: raise ValueError("no bench or baseline record with metrics.tok_s to plot over commits")
   good.sort(key=_time)
   commit = lambda r: (str(r.get("commit") or "?")[:7], bool(r.get("dirty")))
-  xs = {c: i for i, c in enumerate(dict.fromkeys(map(commit, good)))}
+  # commits in the order they were made where git knows them, else by their first record: an older commit measured
+  # again later (an A/B in one run) keeps its place
+  made, first = commit_times(), {}
+  for r in good: first.setdefault(commit(r), _time(r))
+  xs = {c: i for i, c in enumerate(sorted(first, key=lambda c: (made.get(c[0], first[c]), c[1])))}
   lines: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
   for r in good: lines[(str(r.get("model")), str(r.get("device")))][xs[commit(r)]].append(r)
   fig = Figure(figsize=(max(7.0, 2.5 + 0.75 * len(xs)), 4.8), dpi=DPI)
@@ -268,7 +273,7 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
       kmax = max(kmax, *kpt)
   ax.set_xticks(range(len(xs)), [c + ("+" if dirty else "") for c, dirty in xs], rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
   ax.set_xlim(-0.5, len(xs) - 0.5)
-  ax.set_xlabel("commit, in time order (+: uncommitted changes)")
+  ax.set_xlabel("commit, in the order made (+: uncommitted changes)")
   ax.set_ylabel("tok/s (decode, median)")
   ax.set_ylim(0, max(_metrics(r)["tok_s"] for r in good) * 1.25)
   ax2.set_ylim(0, kmax * 1.25 or 1)

@@ -108,6 +108,14 @@ def test_history_line_takes_each_commits_fastest_record(records: list[dict]):
   kernels = next(l for l in ax.figure.axes[1].get_lines() if l.get_linestyle() == "--")
   assert kernels.get_ydata()[list(kernels.get_xdata()).index(labels.index("ddddddd"))] == 400
 
+def test_history_orders_commits_as_made(records: list[dict], monkeypatch: pytest.MonkeyPatch):
+  """Commits git knows stand in the order they were made, whenever their records were taken (an older commit benched
+  again later, in an A/B, keeps its place); the others by their first record."""
+  labels = lambda: [t.get_text() for t in plot.figure(records, "history", model="smollm2-135m").axes[0].get_xticklabels()]
+  assert labels() == ["aaaaaaa", "bbbbbbb", "ccccccc", "ddddddd", "eeeeeee", "c0ffee1"]
+  monkeypatch.setattr(plot, "commit_times", lambda: {"ddddddd": 0, "eeeeeee": 1})
+  assert labels() == ["ddddddd", "eeeeeee", "aaaaaaa", "bbbbbbb", "ccccccc", "c0ffee1"]
+
 def test_older_records_only_history(records: list[dict], tmp_path: Path):
   old = [r for r in records if "experiment" not in r and "kernel_categories" not in r["metrics"]]
   check_png(plot.plot(old, "history", tmp_path / "h.png"))
