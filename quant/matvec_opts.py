@@ -155,13 +155,9 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
     if words != blocks and (lanes := k.full_shape[words] // span) > 1:
       tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(_reduce_axis(tuned, k.rngs[words].arg)), lanes))
       threads = max(1, threads // lanes)
-  if (left := _reduce_axis(tuned, k.rngs[blocks].arg)) is not None:   # none where the span took a whole short row
-    threads = max(d for d in range(1, threads + 1) if tuned.full_shape[left] % d == 0)   # 20 blocks a row: 20 threads, not 4
-    if threads > 1: tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(left), threads))
-  # one element a step (float weights): a thread's steps unrolled so that their loads are in flight together
-  if words is None and not inside and (left := _reduce_axis(tuned, k.rngs[blocks].arg)) is not None and \
-     (n := gcd(REDUCE_UNROLL, tuned.full_shape[left])) > 1:
-    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(left), n))
+  if _reduce_axis(tuned, k.rngs[blocks].arg) is not None:   # none where the span took a whole short row
+    _group_divisor(tuned, k.rngs[blocks].arg, threads)
+  if words is None and not inside: _unroll_steps(tuned, k.rngs[blocks].arg)   # one element a step (float weights)
   for op, n in ((OptOps.LOCAL, block), (OptOps.UPCAST, rows)):
     if n > 1: tuned.apply_opt(Opt(op, axis, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
@@ -187,6 +183,19 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
 def _reduce_axis(k: Scheduler, arg: tuple) -> int | None:
   """Where the loop left of a reduce axis is after opts split it (they keep its range's arg); None if none is left."""
   return next((a for a, r in enumerate(k.rngs) if r.arg == arg), None)
+
+def _group_divisor(k: Scheduler, arg: tuple, limit: int) -> None:
+  """GROUPs the loop left of reduce axis `arg` over the most threads, up to `limit`, that divide it (20 blocks a row:
+  20 threads, not 4)."""
+  a = _reduce_axis(k, arg)
+  if (threads := max(d for d in range(1, limit + 1) if k.full_shape[a] % d == 0)) > 1:
+    k.apply_opt(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads))
+
+def _unroll_steps(k: Scheduler, arg: tuple) -> None:
+  """Unrolls REDUCE_UNROLL steps (or fewer that divide them) of the loop left of reduce axis `arg` to a thread, so that
+  their loads are in flight together."""
+  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(REDUCE_UNROLL, k.full_shape[a])) > 1:
+    k.apply_opt(Opt(OptOps.UNROLL, k.unrollable_dims.index(a), n))
 
 def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   compiled_shapes.append(shape := kernel_shape(k))
@@ -239,11 +248,9 @@ def gpu_full_reduce(k: Scheduler) -> Scheduler | None:
   reduces = k.axes_of(AxisType.REDUCE)
   if k.reduceop is None or len(reduces) != 1 or not all(isinstance(s, int) for s in k.full_shape) or \
      prod(k.full_shape[a] for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK)) != 1: return None
-  tuned, n = k.copy(), k.full_shape[reduces[0]]
-  if (threads := max(d for d in range(1, FULL_REDUCE_THREADS + 1) if n % d == 0)) > 1:
-    tuned.apply_opt(Opt(OptOps.GROUP, 0, threads))
-  if (unroll := gcd(REDUCE_UNROLL, n // threads)) > 1:
-    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(_reduce_axis(tuned, k.rngs[reduces[0]].arg)), unroll))
+  tuned, arg = k.copy(), k.rngs[reduces[0]].arg
+  _group_divisor(tuned, arg, FULL_REDUCE_THREADS)
+  _unroll_steps(tuned, arg)
   return tuned
 
 def _optimize(k: Scheduler) -> Scheduler:
