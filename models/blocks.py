@@ -1,5 +1,6 @@
 """The transformer pieces the architectures here are built from; architecture files only configure them."""
 from dataclasses import dataclass
+from math import prod
 from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
@@ -14,11 +15,12 @@ def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | N
   """The RMS norm a matmul reads, by the `norm` hint. fused: the matmul computes the normalization inside, a kernel of
   its own summing x's squares first. break: the normalized x is a buffer of its own, so that the matvec reads one plain
   vector rather than x and the norm weight (on an H100 Llama-3.2-1B decodes 1.45x faster so), at one small kernel more.
-  fold: the matmuls that can sum the squares beside their dots do (QuantLinear.normed), at one kernel less; other
-  readers compute the norm from the NormedInput."""
+  single: realized as with break, but by one kernel (its squares summed again for each output, ops/norm.py) where x
+  is one row; a prefill's rows as with break. fold: the matmuls that can sum the squares beside their dots do
+  (QuantLinear.normed), at one kernel less; other readers compute the norm from the NormedInput."""
   if mode == "fold": return NormedInput(x, weight, eps)
-  out = rms_norm(x, weight, eps)
-  return out.contiguous() if mode == "break" else out
+  out = rms_norm(x, weight, eps, sum_per_output=mode == "single" and prod(x.shape[:-1]) == 1)
+  return out.contiguous() if mode in ("break", "single") else out
 
 def down_input(h: Tensor, realize: bool) -> Tensor:
   """The FFN activation the down matmul reads; with `realize` (`act_break`, the default) a buffer of its own. Computed

@@ -55,7 +55,7 @@ HINTS: dict[str, Hint] = {
   "topk": Hint("pairwise", _one_of(TOPK_ALGORITHMS), "MoE routing's top-k: pairwise ranks or tinygrad's sort"),
   "fuse": Hint(True, _bool, "q/k/v and gate/up as one matmul per GGML type"),
   "norm": Hint("fused", _one_of(NORMS), "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
-               "first) or fold (its squares summed inside the matvecs)"),
+               "first), single (realized by one kernel) or fold (its squares summed inside the matvecs)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
   "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
                     "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),

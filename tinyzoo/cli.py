@@ -193,7 +193,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--fuse", action=on_off, help="q/k/v and gate/up as one matmul per GGML type (default on; --no-fuse keeps them apart)")
   s.add_argument("--norm", choices=NORMS, help="how matmuls read an RMS norm (a kernel hint, like every switch below but --rounding, "
                  "--no-profile and --ctx): fused (computed inside them; the built-in default), break (realized "
-                 "first: one small kernel more per norm, and the matvec reads one plain vector: faster on a GPU) or fold (its squares "
+                 "first: one small kernel more per norm, and the matvec reads one plain vector: faster on a GPU), single (realized by "
+                 "one kernel, which sums x's squares again for every group of outputs: a break at no kernel more) or fold (its squares "
                  "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
   s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
                  "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")

@@ -1,6 +1,7 @@
-"""The fusion breaks (norm `break`, `act_break`) realize a matmul's input as a buffer of its own, norm `fold` computes the
-norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per RMS norm a
-matmul reads, one per FFN, dense or MoE) or save (the fold: one per norm a dense matmul reads)."""
+"""The fusion breaks (norm `break` and `single`, `act_break`) realize a matmul's input as a buffer of its own, norm `fold`
+computes the norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per
+RMS norm a matmul reads, one per FFN, dense or MoE; `single`: none, its one kernel taking the place of the fused norm's
+sum of squares) or save (the fold: one per norm a dense matmul reads)."""
 import numpy as np
 import pytest
 from models.runtime import Runtime
@@ -21,6 +22,7 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   # a folded norm saves its kernel where a dense matmul reads it: both of Llama's, GPT-OSS's attention norm (MoE reads its own)
   folded = 2 * blocks if preset.startswith("llama") else blocks
   for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm": "break"}, 2 * blocks + 1),
+                        ({"act_break": False, "norm": "single"}, 0),
                         ({"act_break": False, "norm": "fold"}, -folded)):
     got, n = decode(path, ids, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")

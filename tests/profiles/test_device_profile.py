@@ -31,7 +31,7 @@ def test_save_merges_and_use_applies(tmp_path: Path):
   ("device: x\nhint: {}\n", ":2: unknown key 'hint'"),
   ("device: x\nhints:\n  norm: break\n  beams: 2\n", ":4: unknown hint 'beams' (known: strategy,"),
   ("device: x\nhints:\n  act_break: maybe\n", ":3: hint act_break: 'maybe' is not true or false"),
-  ("device: x\nhints:\n  norm: realized\n", ":3: hint norm: 'realized' is not one of fused, break, fold"),
+  ("device: x\nhints:\n  norm: realized\n", ":3: hint norm: 'realized' is not one of fused, break, single, fold"),
   ("device: x\nhints:\n  strategy: packed_dot,Q6_K=fast\n", ":3: hint strategy: unknown matmul strategy 'fast'"),
   ("device: x\nhints:\n  row_upcast: [8]\n", ":3: hint row_upcast: a value, not a list or mapping"),
   ("device: x\nhints: [norm]\n", ":2: hints maps hint names to values"),
