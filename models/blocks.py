@@ -19,8 +19,13 @@ def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | N
   is one row; a prefill's rows as with break. fold: the matmuls that can sum the squares beside their dots do
   (QuantLinear.normed), at one kernel less; other readers compute the norm from the NormedInput."""
   if mode == "fold": return NormedInput(x, weight, eps)
-  out = rms_norm(x, weight, eps, sum_per_output=mode == "single" and prod(x.shape[:-1]) == 1)
+  out = rms_norm(x, weight, eps, sum_per_output=sums_per_output(mode, x))
   return out.contiguous() if mode in ("break", "single") else out
+
+def sums_per_output(mode: str, x: Tensor) -> bool:
+  """Whether norms over x (one token's rows) sum their squares for each output, inside the kernel that reads them
+  (norm `single`, ops/norm.py); a prefill's tokens sum them once."""
+  return mode == "single" and prod(x.shape[:-1]) == 1
 
 def down_input(h: Tensor, realize: bool) -> Tensor:
   """The FFN activation the down matmul reads; with `realize` (`act_break`, the default) a buffer of its own. Computed
@@ -96,7 +101,8 @@ class FeedForward:
   def __call__(self, x: Tensor | NormedInput) -> Tensor: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
 
 class Block:
-  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma). `ffn_norm` names the norm
+  """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma: with norm `single` each is
+  computed by the kernel that adds it to the residual stream). `ffn_norm` names the norm
   before the FFN (GPT-OSS calls it post_attention_norm). attn and ffn are any callables of that signature (MLA, MoE).
   Components the weights' options skip are left out of the residual stream, to measure the others alone."""
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Callable[[Tensor | NormedInput, sint], Tensor],
@@ -107,7 +113,8 @@ class Block:
     self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
     self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
 
-  def _post(self, h: Tensor, norm: Tensor | None) -> Tensor: return h if norm is None else rms_norm(h, norm, self.eps)
+  def _post(self, h: Tensor, norm: Tensor | None) -> Tensor:
+    return h if norm is None else rms_norm(h, norm, self.eps, sum_per_output=sums_per_output(self.norm, h))
 
   def __call__(self, x: Tensor, start_pos: sint) -> Tensor:
     if "attention" not in self.skip:

@@ -2,7 +2,7 @@
 
 Element i's rank is the number of elements that beat it: larger, or equal at a lower index. Ranks are a permutation of
 0..n-1, so the r-th output is the element whose rank is r: values sorted descending, ties in ascending index order.
-The work is O(n^2) elementwise in two kernels (ranks; values and indices), against a bitonic sort's dozens.
+The work is O(k n^2) in one kernel (the ranks counted where each pick reads them), against a bitonic sort's dozens.
 """
 from tinygrad import Tensor, dtypes
 
@@ -11,12 +11,14 @@ def pairwise_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
   n = x.shape[-1]
   if not 1 <= k <= n: raise ValueError(f"k must be in [1, {n}], got {k}")
   xi, xj, idx = x.unsqueeze(-1), x.unsqueeze(-2), Tensor.arange(n)
-  # [..., i]: how many j beat i; made contiguous so the two selections below share it instead of recomputing it
-  rank = ((xj > xi) | ((xj == xi) & (idx < idx.unsqueeze(-1)))).sum(axis=-1).contiguous()
-  pick = rank.unsqueeze(-2) == Tensor.arange(k).unsqueeze(-1)  # [..., r, i] = rank[i] == r
+  beats = (xj > xi) | ((xj == xi) & (idx < idx.unsqueeze(-1)))   # [..., i, j]: j beats i
+  # rank [..., r, i, c]: how many j beat i, counted again for each pick r and each column c of the pick (value, index).
+  # Counted once, it would be broadcast over those afterwards, which tinygrad realizes as a kernel of its own
+  rank = beats.unsqueeze(-3).unsqueeze(-1).expand(*x.shape[:-1], k, n, n, 2).sum(axis=-2)
+  pick = rank == Tensor.arange(k).reshape(k, 1, 1)   # [..., r, i, c] = rank[i] == r
   # values and indices (exact as float32 below 2^24) side by side, picked in one kernel: [..., r, 2]
   both = xj.cast(dtypes.float32).unsqueeze(-1).cat(idx.cast(dtypes.float32).reshape(n, 1).expand(*xj.shape, 1), dim=-1)
-  picked = pick.unsqueeze(-1).where(both, 0).sum(axis=-2)
+  picked = pick.where(both, 0).sum(axis=-2)
   return picked[..., 0].cast(x.dtype), picked[..., 1].cast(dtypes.int32)
 
 TOPK_ALGORITHMS = ("pairwise", "sort")   # "sort" is tinygrad's Tensor.topk (a bitonic sort)

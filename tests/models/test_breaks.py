@@ -1,7 +1,7 @@
 """The fusion breaks (norm `break` and `single`, `act_break`) realize a matmul's input as a buffer of its own, norm `fold`
 computes the norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per
 RMS norm a matmul reads, one per FFN, dense or MoE; `single`: none, its one kernel taking the place of the fused norm's
-sum of squares) or save (the fold: one per norm a dense matmul reads)."""
+sum of squares, and one per norm of a residual branch) or save (the fold: one per norm a dense matmul reads)."""
 import numpy as np
 import pytest
 from models.runtime import Runtime
@@ -13,16 +13,18 @@ def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
   for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # eager, capture, replay
   return logits.numpy()[0], rt.kernels_per_token()
 
-@pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gpt-oss-20b-tiny"])
+@pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gpt-oss-20b-tiny", "gemma3-270m-tiny"])
 def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: int, rng: np.random.Generator):
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
   ids = rng.integers(3, 1000, size=5).tolist()
   base, kernels = decode(path, ids, act_break=False)
   blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
   # a folded norm saves its kernel where a dense matmul reads it: both of Llama's, GPT-OSS's attention norm (MoE reads its own)
-  folded = 2 * blocks if preset.startswith("llama") else blocks
+  folded = blocks if preset.startswith("gpt-oss") else 2 * blocks
+  # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream
+  single = -2 * blocks if preset.startswith("gemma") else 0
   for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm": "break"}, 2 * blocks + 1),
-                        ({"act_break": False, "norm": "single"}, 0),
+                        ({"act_break": False, "norm": "single"}, single),
                         ({"act_break": False, "norm": "fold"}, -folded)):
     got, n = decode(path, ids, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")
