@@ -5,7 +5,7 @@ from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
-from ops.norm import NormedInput, rms_norm
+from ops.norm import NormedInput, rms_norm, rms_scale
 from ops.rope import apply_rope
 from quant.qtensor import QTensor
 from models.config import ModelConfig
@@ -47,7 +47,7 @@ class AttentionSpec:
 
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
-    self.cfg, self.spec, self.variant = cfg, spec, w.attention
+    self.cfg, self.spec, self.variant, self.norm = cfg, spec, w.attention, w.norm
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"], [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
                                                                       cfg.n_kv_heads * cfg.v_head_dim], cfg.dim)
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
@@ -73,11 +73,19 @@ class Attention:
     cos, sin = self.spec.rope
     rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
     q, k, v = self.qkv(x)
-    k = apply_rope(self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm), *rope, self.spec.interleaved)
+    if self.q_norm is not None and self.k_norm is not None and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:
+      # norm single: q and k times their norm weights alone, their 1/rms (a rotation keeps it) applied where they are read
+      # and summed there, where a norm before the rotation is realized (the rotation reads it at two indices)
+      qh, kh = self._heads(q, c.n_heads, c.head_dim, None), self._heads(k, c.n_kv_heads, c.head_dim, None)
+      k = apply_rope(kh * self.k_norm, *rope, self.spec.interleaved) * rms_scale(kh, c.norm_eps, sum_per_output=True)
+      q, q_rms = qh * self.q_norm, (qh, c.norm_eps)
+    else:
+      k = apply_rope(self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm), *rope, self.spec.interleaved)
+      q, q_rms = self._heads(q, c.n_heads, c.head_dim, self.q_norm), None
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
-    out = attention(self._heads(q, c.n_heads, c.head_dim, self.q_norm), k, v, start_pos, scale=self.spec.scale, window=self.spec.window,
-                    sinks=self.sinks, softcap=self.spec.softcap, q_rope=(*rope, self.spec.interleaved), variant=self.variant)
+    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap,
+                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, variant=self.variant)
     return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:

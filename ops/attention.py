@@ -15,12 +15,15 @@ of reading (and masking) the whole cache every step.
 Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. `q_rope` (the cos and sin rows of
 the query positions, [T, rot_dims/2], and the pairing) rotates q where the logits read it, and a half cache meets q
 rounded to half (as llama.cpp's half KV cache does). That arithmetic runs on q broadcast against the keys, once per key:
-tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own. A sink (gpt-oss) is one learned
-logit per query head that joins the softmax denominator and contributes no value.
+tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own.
+`q_rms` (q before its RMS norm, eps) says q arrives times its norm weight alone: its 1/rms multiplies the logits (they
+are linear in q), summed once per logit for the same reason. A sink (gpt-oss) is one learned logit per query head that
+joins the softmax denominator and contributes no value.
 """
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from tinygrad.uop.ops import sint
+from ops.norm import rms_scale
 from ops.rope import apply_rope
 
 CHUNK = 64
@@ -60,7 +63,7 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
-              variant: str = "chunked") -> Tensor:
+              q_rms: tuple[Tensor, float]|None = None, variant: str = "chunked") -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
@@ -74,7 +77,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
     cos, sin, interleaved = q_rope
     qg = apply_rope(qg, cos.reshape(T, 1, 1, -1), sin.reshape(T, 1, 1, -1), interleaved)
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
+  logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
+  if q_rms is not None:   # q normalized where the logits read it: its 1/rms summed for each logit, not broadcast
+    raw, eps = q_rms
+    logits = logits * rms_scale(raw.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D).expand(*qg.shape), eps).squeeze(-1)
+  logits = logits * scale
   if softcap is not None: logits = (logits / softcap).tanh() * softcap
   kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
   qpos = (Tensor.arange(T) + start_pos).reshape(T, 1, 1)

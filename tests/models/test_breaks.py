@@ -1,7 +1,7 @@
 """The fusion breaks (norm `break` and `single`, `act_break`) realize a matmul's input as a buffer of its own, norm `fold`
 computes the norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per
 RMS norm a matmul reads, one per FFN, dense or MoE; `single`: none, its one kernel taking the place of the fused norm's
-sum of squares, and one per norm of a residual branch) or save (the fold: one per norm a dense matmul reads)."""
+sum of squares, and one per norm of a residual branch, of q or of k) or save (the fold: one per norm a dense matmul reads)."""
 import numpy as np
 import pytest
 from models.runtime import Runtime
@@ -21,8 +21,9 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
   # a folded norm saves its kernel where a dense matmul reads it: both of Llama's, GPT-OSS's attention norm (MoE reads its own)
   folded = blocks if preset.startswith("gpt-oss") else 2 * blocks
-  # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream
-  single = -2 * blocks if preset.startswith("gemma") else 0
+  # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream,
+  # and its q and k norms where the logits and the cache write read them
+  single = -4 * blocks if preset.startswith("gemma") else 0
   for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm": "break"}, 2 * blocks + 1),
                         ({"act_break": False, "norm": "single"}, single),
                         ({"act_break": False, "norm": "fold"}, -folded)):

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
 from ops.attention import CHUNK, VARIANTS, KVCache, attention
+from ops.norm import rms_norm
 from ops.rope import apply_rope, rope_tables
 
 B, HQ, HKV, D, DV = 2, 4, 2, 8, 6
@@ -88,4 +89,17 @@ def test_query_rotated_where_the_logits_read_it(seed, rng, interleaved, half_cac
   if half_cache: q_rot = q_rot.cast(dtypes.float16).cast(dtypes.float32)
   want = attention(q_rot.realize(), ks, vs, start_pos, scale=D ** -0.5)
   got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=(*rows, interleaved))
+  np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+
+def test_query_normalized_where_the_logits_read_it(seed, rng):
+  """q_rms: q times its norm weight alone, rotated, its 1/rms applied to the logits, is attention over the normalized,
+  then rotated q (a rotation keeps the rms)."""
+  start_pos, T = 7, 1
+  q, k, v = qkv(rng, T, start_pos + T)
+  w = rng.normal(size=D).astype(np.float32)
+  cos, sin = rope_tables(D, 10000.0, 16)
+  rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], False)
+  ks, vs = (in_cache(rng, a, 1).realize() for a in (k, v))
+  want = attention(rms_norm(Tensor(q), Tensor(w), 1e-6).realize(), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope)
+  got = attention(Tensor(q) * Tensor(w), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_rms=(Tensor(q), 1e-6))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")

@@ -47,7 +47,7 @@ def test_bad_choices(tiny: Path, tmp_path: Path, capsys, args: list[str], error:
   with pytest.raises(SystemExit) as e: main(["convert", str(tiny), "-o", str(tmp_path / "x.gguf"), *args])
   assert e.value.code == 2 and error in capsys.readouterr().err
 
-@pytest.mark.parametrize("hints,error", [("norm=realized", "--hints: hint norm: 'realized' is not one of fused, break, fold"),
+@pytest.mark.parametrize("hints,error", [("norm=realized", "--hints: hint norm: 'realized' is not one of fused, break, single, fold"),
                                          ("beams=2", "--hints: unknown hint 'beams'")])
 def test_bad_hints_one_line_and_no_file(tiny: Path, tmp_path: Path, capsys, hints: str, error: str):
   assert main(["convert", str(tiny), "-o", str(tmp_path / "x.gguf"), "--quant", "Q4_0", "--hints", hints]) == 1
