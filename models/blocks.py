@@ -73,7 +73,7 @@ class Attention:
     cos, sin = self.spec.rope
     rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
     q, k, v = self.qkv(x)
-    if self.q_norm is not None and self.k_norm is not None and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:
+    if self.spec.qk_norm and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:
       # norm single: q and k times their norm weights alone, their 1/rms (a rotation keeps it) applied where they are read
       # and summed there, where a norm before the rotation is realized (the rotation reads it at two indices)
       qh, kh = self._heads(q, c.n_heads, c.head_dim, None), self._heads(k, c.n_kv_heads, c.head_dim, None)
