@@ -4,7 +4,8 @@ GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduc
 one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
 Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row over threads
 (GROUP: a block's words to neighbouring threads under packed_words, the blocks otherwise), puts several rows in a
-workgroup (LOCAL), gives each thread a few rows (UPCAST) and unrolls the bytes of a word. Sizes come from, first to
+workgroup (LOCAL), gives each thread a few rows (UPCAST), unrolls the bytes of a word and a few of the steps a thread
+takes along its rows (all their loads in flight at once). Sizes come from, first to
 last: TINYZOO_GPU_MATVEC="threads,block,rows[,span]" or `forced_gpu_sizes` (one size for every kernel, for sweeps), the
 sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the built-in rule.
 
@@ -29,6 +30,7 @@ from tinygrad.uop.ops import AxisType, Ops
 
 DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
+UNROLL_ELEMENTS = 128
 _tinygrad_heuristic, _tinygrad_parallel = heuristic.hand_coded_optimizations, PARALLEL.value
 _row_upcast = 0
 # The built-in GPU rules, fitted to the per-shape sweeps on an H100 (experiments/gpu_notes.md). packed_words (76de87d): 64
@@ -157,7 +159,11 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
       threads = max(1, threads // lanes)
   if _reduce_axis(tuned, k.rngs[blocks].arg) is not None:   # none where the span took a whole short row
     _group_divisor(tuned, k.rngs[blocks].arg, threads)
-  if words is None and not inside: _unroll_steps(tuned, k.rngs[blocks].arg)   # one element a step (float weights)
+  # the steps a thread walks over a row unrolled, their loads in flight together: one element a step (float weights), or
+  # a span of words (packed_words) up to UNROLL_ELEMENTS weights for all the thread's rows (more took a Q8_0 kernel to
+  # 254 registers); whole blocks (packed_dot) unroll the elements inside a block below instead
+  if words is None and not inside: _unroll_steps(tuned, k.rngs[blocks].arg)
+  elif words is not None: _unroll_steps(tuned, k.rngs[blocks].arg, UNROLL_ELEMENTS // (span * word_elements(k) * rows))
   for op, n in ((OptOps.LOCAL, block), (OptOps.UPCAST, rows)):
     if n > 1: tuned.apply_opt(Opt(op, axis, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
@@ -191,10 +197,10 @@ def _group_divisor(k: Scheduler, arg: tuple, limit: int) -> None:
   if (threads := max(d for d in range(1, limit + 1) if k.full_shape[a] % d == 0)) > 1:
     k.apply_opt(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads))
 
-def _unroll_steps(k: Scheduler, arg: tuple) -> None:
-  """Unrolls REDUCE_UNROLL steps (or fewer that divide them) of the loop left of reduce axis `arg` to a thread, so that
-  their loads are in flight together."""
-  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(REDUCE_UNROLL, k.full_shape[a])) > 1:
+def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL) -> None:
+  """Unrolls REDUCE_UNROLL steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a
+  thread, so that their loads are in flight together."""
+  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(min(REDUCE_UNROLL, limit), k.full_shape[a])) > 1:
     k.apply_opt(Opt(OptOps.UNROLL, k.unrollable_dims.index(a), n))
 
 def gpu_matvec_sizes(k: Scheduler) -> Sizes:
