@@ -40,10 +40,19 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
 # the largest error of the first weight's output against float64 numpy, relative to its largest value, that counts as
 # correct: float32 sums (and the fp16 weights of dequant_cache) stay near 1e-4, a kernel that drops or repeats work is off by O(1)
 GEMV_TOLERANCE = 1e-3
-CACHE_BEATING_BYTES = 256 << 20   # weights a gemv reads in turn by default: 5x an H100's L2, as a model's weights outgrow it
+# weights a gemv reads in turn by default: 20x an H100's L2, as a model's weights outgrow it, and a replay (~0.4 ms at a
+# copy's rate) long enough to hide the host's ~0.2 ms to issue it: at 256 MiB (29 Q4_0 8192x2048 weights) the same kernel
+# read 7.4 us or 8.7-9.7 us from one run to the next, host-bound in the second case. At most MAX_COPIES weights: small
+# ones outgrow the caches long before 1 GiB
+CACHE_BEATING_BYTES = 1 << 30
+MAX_COPIES = 512
 # threads per row, rows per workgroup, rows per thread, span (words a thread reads; 0: a whole block): workgroups of 32
 # to 128 threads
 SIZE_GRID = [(t, b, r, s) for t in (16, 32, 64, 128) for b in (1, 2, 4) for r in (2, 4, 8) for s in (1, 2, 0) if 32 <= t * b <= 128]
+
+def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
+  weight_bytes = rows * cols // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1]
+  return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / weight_bytes)))
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[Sizes | None] | None = None) -> list[dict]:
@@ -53,7 +62,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   shape it timed and whether its output matched numpy."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
-  copies = copies or max(2, math.ceil(CACHE_BEATING_BYTES / (rows * cols // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1])))
+  copies = copies or default_copies(t, rows, cols)
   raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
   lins = [QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), strategy=strategy) for raw in raws]
   x_np = rng.standard_normal((1, cols), dtype=np.float32)

@@ -242,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--shape", metavar="'ROWSxCOLS ...'", help="instead of a model: random weights of these shapes, timed against a device copy "
                  "and journaled")
   s.add_argument("--type", default="Q4_0", help="GGML type of the --shape weights (default Q4_0)")
-  s.add_argument("--copies", type=int, help="--shape weights read in turn, so that together they outgrow the caches (default: enough for 256 MiB)")
+  s.add_argument("--copies", type=int, help="--shape weights read in turn, so that together they outgrow the caches and a "
+                 "replay outlasts the host's time to issue it (default: enough for 1 GiB, at most 512)")
   s.add_argument("--gpu-sizes", metavar="'T,B,R[,S] ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
                  "workgroup, rows per thread, optionally the span: the words of a packed_words block each thread reads, a whole "
                  "block by default) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")

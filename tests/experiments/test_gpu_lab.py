@@ -6,8 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from experiments import device_check, journal, peer_llamacpp
-from experiments.matvec import gemv_bandwidth
+from experiments.matvec import MAX_COPIES, default_copies, gemv_bandwidth
 from experiments.plot import on_device
+from gguf import GGMLQuantizationType
 
 def fake_llama_bench(tmp_path: Path, body: str) -> str:
   exe = tmp_path / "llama-bench"
@@ -57,6 +58,12 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert gb_s > 0 and m["gb_s"] == pytest.approx(gb_s, abs=0.1) and m["fraction_of_copy"] == pytest.approx(gb_s / m["copy_gb_s"], abs=2e-3)
   assert m["correct"] and m["rel_err"] < 1e-5
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
+
+def test_gemv_reads_a_gigabyte_by_default_so_that_a_replay_outlasts_the_host():
+  # 29 Q4_0 8192x2048 weights (256 MiB) let the host's issue time bound some runs on an H100
+  assert default_copies(GGMLQuantizationType.Q4_0, 8192, 2048) * 8192 * 2048 // 32 * 18 >= 1 << 30
+  assert default_copies(GGMLQuantizationType.Q4_0, 64, 256) == MAX_COPIES
+  assert default_copies(GGMLQuantizationType.F32, 1 << 16, 1 << 14) == 2
 
 def test_gemv_flags_an_output_that_misses_numpy(monkeypatch):
   import experiments.matvec
