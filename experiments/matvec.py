@@ -4,7 +4,7 @@ import math
 import os
 import numpy as np
 from gguf import quants as gguf_quants
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.bench import copy_bandwidth
@@ -42,8 +42,8 @@ def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_
 GEMV_TOLERANCE = 1e-3
 # weights a gemv reads in turn by default: 20x an H100's L2, as a model's weights outgrow it, and a replay (~0.4 ms at a
 # copy's rate) long enough to hide the host's ~0.2 ms to issue it: at 256 MiB (29 Q4_0 8192x2048 weights) the same kernel
-# read 7.4 us or 8.7-9.7 us from one run to the next, host-bound in the second case. At most MAX_COPIES weights: small
-# ones outgrow the caches long before 1 GiB
+# read 7.4 us or 8.7-9.7 us from one run to the next, host-bound in the second case. At most MAX_COPIES weights, each a
+# kernel to schedule (300-500 took ~20 s a size on the H100's host): weights under about 100 KB then stay in L2
 CACHE_BEATING_BYTES = 1 << 30
 MAX_COPIES = 512
 # threads per row, rows per workgroup, rows per thread, span (words a thread reads; 0: a whole block): workgroups of 32
@@ -51,7 +51,7 @@ MAX_COPIES = 512
 SIZE_GRID = [(t, b, r, s) for t in (16, 32, 64, 128) for b in (1, 2, 4) for r in (2, 4, 8) for s in (1, 2, 0) if 32 <= t * b <= 128]
 
 def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
-  weight_bytes = rows * cols // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1]
+  weight_bytes = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t))
   return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / weight_bytes)))
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
