@@ -54,10 +54,18 @@ def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
   weight_bytes = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t))
   return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / weight_bytes)))
 
+def copies_at_size(nbytes: int, copies: int, iters: int) -> float:
+  """GB/s (read plus written) of `copies` device copies of nbytes each, back to back in one replay as the gemv's weights
+  are: what a kernel moving one weight's bytes reaches here with its launch, ramp and drain, which a large copy hides."""
+  srcs = [Tensor.zeros(max(1, nbytes // 4), dtype=dtypes.uint32).contiguous().realize() for _ in range(copies)]
+  m = steady_state(lambda v: [(s + v).realize() for s in srcs][-1], Tensor([1], dtype=dtypes.uint32).realize(), iters=iters)
+  return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6
+
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[Sizes | None] | None = None) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
-  replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run:
+  replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run
+  (a large one, and one a weight's size per kernel as many times):
   one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel
   shape it timed and whether its output matched numpy."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
@@ -68,6 +76,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   x_np = rng.standard_normal((1, cols), dtype=np.float32)
   x, want = Tensor(x_np).realize(), (gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_np[0].astype(np.float64))
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
+  copy_at_size = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
     to_program_cache.clear()   # the same kernel graph under new sizes must compile again
     compiled_shapes.clear()
@@ -81,5 +90,6 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
                     "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "copies": copies,
                                 "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,
                                 "gb_s": round(gb_s, 1),
-                                "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3)}})
+                                "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3),
+                                "copy_at_size_gb_s": round(copy_at_size, 1)}})
   return records

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from experiments import device_check, journal, peer_llamacpp
-from experiments.matvec import MAX_COPIES, default_copies, gemv_bandwidth
+from experiments.matvec import MAX_COPIES, copies_at_size, default_copies, gemv_bandwidth
+from experiments.steady import Steady
 from experiments.plot import on_device
 from gguf import GGMLQuantizationType
 
@@ -56,8 +57,18 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert m["bytes"] == 3 * 64 * (256 // 32) * 18
   gb_s = m["bytes"] / m["ms"] / 1e6
   assert gb_s > 0 and m["gb_s"] == pytest.approx(gb_s, abs=0.1) and m["fraction_of_copy"] == pytest.approx(gb_s / m["copy_gb_s"], abs=2e-3)
-  assert m["correct"] and m["rel_err"] < 1e-5
+  assert m["correct"] and m["rel_err"] < 1e-5 and m["copy_at_size_gb_s"] > 0
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
+
+def test_copies_at_a_weights_size_count_each_copy_read_and_written(monkeypatch):
+  import experiments.matvec
+  replays = []
+  def fake_steady(step, *inputs, iters):
+    replays.append(step(*inputs).realize().numpy())
+    return Steady(kernels=3, times_ms=[1.0], pipelined_ms=0.002)
+  monkeypatch.setattr(experiments.matvec, "steady_state", fake_steady)
+  assert copies_at_size(4096, 3, iters=2) == pytest.approx(2 * 4096 * 3 / 0.002 / 1e6)
+  assert replays[0].shape == (1024,) and (replays[0] == 1).all()   # a real copy of the bytes (zeros plus one)
 
 def test_gemv_reads_a_gigabyte_by_default_so_that_a_replay_outlasts_the_host():
   # 29 Q4_0 8192x2048 weights (256 MiB) let the host's issue time bound some runs on an H100
