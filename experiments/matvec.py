@@ -46,6 +46,7 @@ GEMV_TOLERANCE = 1e-3
 # kernel to schedule (300-500 took ~20 s a size on the H100's host): weights under about 100 KB then stay in L2
 CACHE_BEATING_BYTES = 1 << 30
 MAX_COPIES = 512
+COPY_GRAIN = 1 << 14
 # threads per row, rows per workgroup, rows per thread, span (words a thread reads; 0: a whole block): workgroups of 32
 # to 128 threads
 SIZE_GRID = [(t, b, r, s) for t in (16, 32, 64, 128) for b in (1, 2, 4) for r in (2, 4, 8) for s in (1, 2, 0) if 32 <= t * b <= 128]
@@ -57,7 +58,11 @@ def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
 def copies_at_size(nbytes: int, copies: int, iters: int) -> float:
   """GB/s (read plus written) of `copies` device copies of nbytes each, back to back in one replay as the gemv's weights
   are: what a kernel moving one weight's bytes reaches here with its launch, ramp and drain, which a large copy hides."""
-  srcs = [Tensor.zeros(max(1, nbytes // 4), dtype=dtypes.uint32).contiguous().realize() for _ in range(copies)]
+  # whole 16 KiB chunks, not a multiple of 3 of them: tinygrad's heuristic upcasts an elementwise kernel by 3 where it
+  # can, and 9.4 MB of Q4_0 (2^18 x 9 words) was copied a word a load at 43% of a large copy's rate
+  chunks = max(1, nbytes // COPY_GRAIN)
+  words = (chunks - (chunks > 1 and chunks % 3 == 0)) * COPY_GRAIN // 4
+  srcs = [Tensor.zeros(words, dtype=dtypes.uint32).contiguous().realize() for _ in range(copies)]
   m = steady_state(lambda v: [(s + v).realize() for s in srcs][-1], Tensor([1], dtype=dtypes.uint32).realize(), iters=iters)
   return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6
 

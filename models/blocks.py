@@ -56,8 +56,12 @@ class Attention:
     self.sinks = w.vector(f"{prefix}.attn_sinks.weight", cfg.n_heads) if spec.sinks else None
     # under ggml rounding the cache is fp16 (attention then rounds q to fp16), as in llama.cpp's default KV cache
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
-    self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device)
-    if self.cache.kv is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.kv)
+    # layout rows where q, k and v are one matmul into a float32 cache and k has no norm to apply before its rotation
+    rows = w.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32 and not spec.qk_norm
+    self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
+                         q_width=cfg.n_heads * cfg.head_dim if rows else None)
+    if self.cache.rows is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
+    elif self.cache.kv is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.kv)
     else:
       w.label(f"{prefix}.k_cache", "cache", self.cache.k)
       w.label(f"{prefix}.v_cache", "cache", self.cache.v)
@@ -72,6 +76,9 @@ class Attention:
     c = self.cfg
     cos, sin = self.spec.rope
     rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
+    if self.cache.rows is not None:
+      q, k, v = self.cache.write_rows(self.qkv.joined(x), start_pos)
+      return self._attend(self._heads(q, c.n_heads, c.head_dim, None), k, v, start_pos, rope, None, self.spec.rope)
     q, k, v = self.qkv(x)
     if self.spec.qk_norm and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:
       # norm single: q and k times their norm weights alone, their 1/rms (a rotation keeps it) applied where they are read
@@ -84,9 +91,14 @@ class Attention:
       q, q_rms = self._heads(q, c.n_heads, c.head_dim, self.q_norm), None
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
+    return self._attend(q, k, v, start_pos, rope, q_rms, None)
+
+  def _attend(self, q: Tensor, k: Tensor, v: Tensor, start_pos: sint, rope: tuple[Tensor, Tensor], q_rms: tuple[Tensor, float] | None,
+              key_rope: tuple[Tensor, Tensor] | None) -> Tensor:
+    B, _, T, _ = q.shape
     out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap,
-                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, variant=self.variant)
-    return self.o(out.transpose(1, 2).reshape(B, T, c.n_heads * c.v_head_dim))
+                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, key_rope=key_rope, variant=self.variant)
+    return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
   """`attention.sliding_window_pattern` as llama.cpp reads it: one flag per layer, or a period whose last layer attends

@@ -5,7 +5,7 @@ from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
-from ops.attention import VARIANTS as ATTENTION_VARIANTS
+from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS, NormedInput
 from ops.topk import topk_by_name
 from quant.linear import QuantExperts, QuantLinear, StrategyPlan
@@ -17,12 +17,13 @@ LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
                progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise",
-               norm: str = "fused", act_break: bool = True, attention: str = "chunked"):
+               norm: str = "fused", act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads"):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
     if norm not in NORMS: raise ValueError(f"unknown norm mode {norm!r} (choose from {', '.join(NORMS)})")
     if attention not in ATTENTION_VARIANTS: raise ValueError(f"unknown attention variant {attention!r} (choose from {', '.join(ATTENTION_VARIANTS)})")
+    if kv_layout not in KV_LAYOUTS: raise ValueError(f"unknown KV cache layout {kv_layout!r} (choose from {', '.join(KV_LAYOUTS)})")
     self.g, self.device, self.rounding, self.fuse, self.skip, self.norm = g, device, rounding, fuse, frozenset(skip), norm
-    self.act_break, self.attention = act_break, attention
+    self.act_break, self.attention, self.kv_layout = act_break, attention, kv_layout
     self.topk = topk_by_name(topk)
     self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)
@@ -105,6 +106,17 @@ class Projections:
   def __call__(self, x: Tensor | NormedInput) -> list[Tensor]:
     out: list[Tensor | None] = [None] * len(self.outs)
     for members, linear in self.fused:
-      y = linear.normed(x) if isinstance(x, NormedInput) else linear(x)
-      for i, part in zip(members, y.split([self.outs[i] for i in members], dim=-1)): out[i] = part
+      for i, part in zip(members, _apply(linear, x).split([self.outs[i] for i in members], dim=-1)): out[i] = part
     return out  # type: ignore[return-value]
+
+  def joined_linear(self) -> QuantLinear | None:
+    """The one matmul over all the projections' rows, in their order, where they are one."""
+    return self.fused[0][1] if len(self.fused) == 1 else None
+
+  def joined(self, x: Tensor | NormedInput) -> Tensor:
+    """All the projections as one output [..., sum(outs)] (needs joined_linear)."""
+    if (linear := self.joined_linear()) is None: raise ValueError("the projections are not one matmul")
+    return _apply(linear, x)
+
+def _apply(linear: QuantLinear, x: Tensor | NormedInput) -> Tensor:
+  return linear.normed(x) if isinstance(x, NormedInput) else linear(x)

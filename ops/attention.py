@@ -28,6 +28,7 @@ from ops.rope import apply_rope
 
 CHUNK = 64
 VARIANTS = ("chunked", "whole")   # the chunks that hold valid positions, or every chunk allocated
+LAYOUTS = ("heads", "rows")   # KVCache: k and v per head, or each position's q, k and v projections as one row
 
 def cache_positions(max_ctx: int) -> int:
   """Positions a cache allocates for max_ctx: whole chunks."""
@@ -41,13 +42,34 @@ def write_positions(buf: Tensor, x: Tensor, start_pos: sint) -> Tensor:
 class KVCache:
   """Per-layer key and value caches, k [B, Hkv, L, D] and v [B, Hkv, L, Dv] with L = cache_positions(max_ctx),
   zero-initialised on the device. Where D == Dv they are the two halves of one buffer [2, B, Hkv, L, D], so a step
-  writes both in one kernel."""
+  writes both in one kernel.
+  With `q_width` (layout `rows`) the cache is one buffer [B, L, q_width + Hkv*(D + Dv)] holding each position's q, k and
+  v projections side by side, as one matmul over their joined weights computes them: that matmul's kernel stores its
+  output there (`write_rows`), where the k and v write was a kernel of its own. k stays as projected (unrotated);
+  attention rotates it where the logits read it (`key_rope`). The q columns of past positions are dead weight."""
   def __init__(self, batch: int, kv_heads: int, max_ctx: int, head_dim: int, v_head_dim: int|None = None,
-               dtype: DTypeLike = dtypes.float32, device: str|None = None):
+               dtype: DTypeLike = dtypes.float32, device: str|None = None, q_width: int|None = None):
     v_head_dim, L = v_head_dim or head_dim, cache_positions(max_ctx)
-    self.kv = Tensor.zeros(2, batch, kv_heads, L, head_dim, dtype=dtype, device=device).realize() if v_head_dim == head_dim else None
-    if self.kv is not None: self.k, self.v = self.kv[0], self.kv[1]
+    self.kv_heads, self.head_dim, self.v_head_dim, self.q_width = kv_heads, head_dim, v_head_dim, q_width
+    self.rows = None if q_width is None else \
+      Tensor.zeros(batch, L, q_width + kv_heads * (head_dim + v_head_dim), dtype=dtype, device=device).realize()
+    self.kv = Tensor.zeros(2, batch, kv_heads, L, head_dim, dtype=dtype, device=device).realize() \
+      if v_head_dim == head_dim and self.rows is None else None
+    if self.rows is not None: self.k, self.v = self._kv_views(self.rows)
+    elif self.kv is not None: self.k, self.v = self.kv[0], self.kv[1]
     else: self.k, self.v = (Tensor.zeros(batch, kv_heads, L, d, dtype=dtype, device=device).realize() for d in (head_dim, v_head_dim))
+
+  def _kv_views(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+    B, L, _ = rows.shape
+    k0, v0 = self.q_width, self.q_width + self.kv_heads * self.head_dim
+    k = rows[..., k0:v0].reshape(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
+    return k, rows[..., v0:].reshape(B, L, self.kv_heads, self.v_head_dim).transpose(1, 2)
+
+  def write_rows(self, qkv: Tensor, start_pos: sint) -> tuple[Tensor, Tensor, Tensor]:
+    """Layout rows: the joined projections [B, T, width] written at start_pos; returns q [B, T, q_width] and the caches
+    k [B, Hkv, L, D] (unrotated) and v [B, Hkv, L, Dv], read after the write."""
+    rows = write_positions(self.rows, qkv, start_pos)
+    return rows[:, start_pos:start_pos + qkv.shape[1], :self.q_width], *self._kv_views(rows)
 
   def update(self, k: Tensor, v: Tensor, start_pos: sint) -> tuple[Tensor, Tensor]:
     if self.kv is None: return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
@@ -63,7 +85,7 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
-              q_rms: tuple[Tensor, float]|None = None, variant: str = "chunked") -> Tensor:
+              q_rms: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None, variant: str = "chunked") -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
@@ -76,6 +98,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   if q_rope is not None:
     cos, sin, interleaved = q_rope
     qg = apply_rope(qg, cos.reshape(T, 1, 1, -1), sin.reshape(T, 1, 1, -1), interleaved)
+  if key_rope is not None:   # unrotated keys (layout rows), rotated by their positions' rows of the tables as read
+    if q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
+    cos, sin = (_chunks(t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))).reshape(1, 1, L, -1), n) for t in key_rope)
+    keys = apply_rope(keys.expand(qg.shape), cos, sin, q_rope[2])
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
   if q_rms is not None:   # q normalized where the logits read it: its 1/rms summed for each logit, not broadcast

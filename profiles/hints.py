@@ -11,7 +11,7 @@ resolved hints, and journal records store them.
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
-from ops.attention import VARIANTS as ATTENTION_VARIANTS
+from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
 from quant.gguf_file import GGUFFile
@@ -59,6 +59,9 @@ HINTS: dict[str, Hint] = {
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
   "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
                     "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
+  "kv_layout": Hint("heads", _one_of(KV_LAYOUTS), "the KV cache per kv head, written by a kernel of its own (heads), or one row per position "
+                    "holding its q, k and v projections as their joined matmul writes them (rows: one kernel fewer a block; k rotated where "
+                    "read; where q, k and v are one matmul into a float32 cache without q/k norms, else heads)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
   "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
   "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),

@@ -179,7 +179,7 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   from ops.norm import NORMS
-  from ops.attention import VARIANTS as ATTENTION_VARIANTS
+  from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
   from ops.topk import TOPK_ALGORITHMS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", metavar="SPEC",
@@ -202,6 +202,10 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--attention", choices=ATTENTION_VARIANTS, help="which KV cache positions attention reads: chunked (the chunks of 64 "
                  "that hold valid ones; the default) or whole (every chunk allocated, masked: the same static shapes at every position, "
                  "but each step reads the whole cache)")
+  s.add_argument("--kv-layout", choices=KV_LAYOUTS, help="the KV cache: heads (per kv head, written by a kernel of its own; the default) "
+                 "or rows (each position's q, k and v projections side by side, stored by their joined matmul's kernel: one kernel fewer "
+                 "a block, k rotated where attention reads it; applies where q, k and v are one matmul into a float32 cache without q/k "
+                 "norms: not with --rounding ggml, --no-fuse or Gemma 3)")
   s.add_argument("--topk", choices=TOPK_ALGORITHMS,
                  help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels in a model) or sort "
                       "(tinygrad's Tensor.topk). Default pairwise")

@@ -1,5 +1,6 @@
 """Which kernels a decode step is made of: the elementwise ones are only the results that must be buffers."""
 import numpy as np
+import pytest
 from experiments.kernels import jit_kernels
 from models.runtime import Runtime
 from models.synth import synthesize
@@ -25,3 +26,18 @@ def test_whole_attention_reads_every_chunk_to_the_same_tokens(tmp_path):
     outs[variant] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))))
   np.testing.assert_allclose(outs["whole"][0], outs["chunked"][0], rtol=1e-5, atol=1e-5)
   assert outs["whole"][1] == outs["chunked"][1]
+
+@pytest.mark.parametrize("preset, saved", [("llama3.2-1b-tiny", 1), ("gpt-oss-20b-tiny", 1), ("gemma3-270m-tiny", 0)])
+def test_a_row_cache_written_by_the_qkv_matmul_saves_a_kernel_a_block(tmp_path, preset, saved):
+  """`kv_layout=rows`: the joined q/k/v matmul stores each position's projections into the cache (k rotated where read),
+  so the cache write is no kernel of its own; the logits and greedy tokens over a prompt and decode steps that cross a
+  chunk boundary stay those of the per-head cache. Gemma 3 normalizes k before rotating it: it keeps the per-head cache."""
+  path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
+  outs = {}
+  for layout in ("heads", "rows"):
+    rt = Runtime(path, max_context=160, progress=False, kv_layout=layout, strategy="packed_words")
+    logits = rt.prefill(list(range(5, 65)))
+    outs[layout] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))), rt.kernels_per_token())
+  np.testing.assert_allclose(outs["rows"][0], outs["heads"][0], rtol=1e-5, atol=1e-5)
+  assert outs["rows"][1] == outs["heads"][1]
+  assert outs["rows"][2] == outs["heads"][2] - saved * rt.cfg.n_layers

@@ -103,3 +103,32 @@ def test_query_normalized_where_the_logits_read_it(seed, rng):
   want = attention(rms_norm(Tensor(q), Tensor(w), 1e-6).realize(), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope)
   got = attention(Tensor(q) * Tensor(w), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_rms=(Tensor(q), 1e-6))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+def test_keys_rotated_where_the_logits_read_them(seed, rng, interleaved):
+  """key_rope: unrotated keys in the cache (layout rows), rotated by their own positions as the logits read them, are the
+  same attention as keys rotated before they were cached (partial rotary, tables shorter than the cache, two chunks)."""
+  start_pos, T = CHUNK + 5, 2
+  q, k, v = qkv(rng, T, start_pos + T)
+  cos, sin = rope_tables(6, 10000.0, start_pos + T)
+  q_rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], interleaved)
+  k_rot = apply_rope(Tensor(k), cos, sin, interleaved).numpy()
+  want = attention(Tensor(q), in_cache(rng, k_rot, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope)
+  vs = in_cache(rng, v, 2)
+  got = attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=D ** -0.5, q_rope=q_rope, key_rope=(cos, sin))
+  np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+  with pytest.raises(ValueError, match="key_rope needs q_rope"):
+    attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=1.0, key_rope=(cos, sin))
+
+def test_a_row_cache_holds_each_positions_projections(seed, rng):
+  """Layout rows: the joined q, k, v projections written at a position come back as that position's q and its k and v
+  rows per kv head; positions not written stay zero."""
+  cache = KVCache(1, HKV, CHUNK, D, DV, q_width=HQ * D)
+  qkv_rows = rng.normal(size=(1, 2, HQ * D + HKV * (D + DV))).astype(np.float32)
+  q, k, v = cache.write_rows(Tensor(qkv_rows), 3)
+  assert cache.kv is None and cache.rows.shape == (1, CHUNK, qkv_rows.shape[-1])
+  np.testing.assert_array_equal(q.numpy(), qkv_rows[..., :HQ * D])
+  k_want = qkv_rows[0, :, HQ * D:HQ * D + HKV * D].reshape(2, HKV, D).transpose(1, 0, 2)
+  np.testing.assert_array_equal(k.numpy()[0, :, 3:5], k_want)
+  np.testing.assert_array_equal(v.numpy()[0, :, 3:5], qkv_rows[0, :, HQ * D + HKV * D:].reshape(2, HKV, DV).transpose(1, 0, 2))
+  assert not k.numpy()[0, :, :3].any() and not v.numpy()[0, :, 5:].any()
