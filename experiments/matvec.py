@@ -55,16 +55,17 @@ def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
   weight_bytes = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t))
   return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / weight_bytes)))
 
-def copies_at_size(nbytes: int, copies: int, iters: int) -> float:
-  """GB/s (read plus written) of `copies` device copies of nbytes each, back to back in one replay as the gemv's weights
-  are: what a kernel moving one weight's bytes reaches here with its launch, ramp and drain, which a large copy hides."""
+def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
+  """GB/s (read plus written) and us per copy of `copies` device copies of about nbytes each, back to back in one replay
+  as the gemv's weights are: what a kernel moving one weight's bytes reaches here with its launch, ramp and drain, which
+  a large copy hides."""
   # whole 16 KiB chunks, not a multiple of 3 of them: tinygrad's heuristic upcasts an elementwise kernel by 3 where it
   # can, and 9.4 MB of Q4_0 (2^18 x 9 words) was copied a word a load at 43% of a large copy's rate
   chunks = max(1, nbytes // COPY_GRAIN)
   words = (chunks - (chunks > 1 and chunks % 3 == 0)) * COPY_GRAIN // 4
   srcs = [Tensor.zeros(words, dtype=dtypes.uint32).contiguous().realize() for _ in range(copies)]
   m = steady_state(lambda v: [(s + v).realize() for s in srcs][-1], Tensor([1], dtype=dtypes.uint32).realize(), iters=iters)
-  return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6
+  return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6, m.pipelined_ms * 1e3 / copies
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[Sizes | None] | None = None) -> list[dict]:
@@ -81,7 +82,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   x_np = rng.standard_normal((1, cols), dtype=np.float32)
   x, want = Tensor(x_np).realize(), (gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_np[0].astype(np.float64))
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
-  copy_at_size = copies_at_size(read // copies, copies, iters)
+  copy_at_size, copy_at_size_us = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
     to_program_cache.clear()   # the same kernel graph under new sizes must compile again
     compiled_shapes.clear()
@@ -96,5 +97,5 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
                                 "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,
                                 "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3),
-                                "copy_at_size_gb_s": round(copy_at_size, 1)}})
+                                "copy_at_size_gb_s": round(copy_at_size, 1), "copy_at_size_us": round(copy_at_size_us, 2)}})
   return records

@@ -47,7 +47,7 @@ def cmd_matvec(args) -> None:
         label = f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
         print(f"{record['model']} {label}: {m['kernels']} kernels, {m['ms'] * 1e3 / m['copies']:.1f} us per weight, {m['gb_s']} GB/s = "
               f"{100 * m['fraction_of_copy']:.0f}% of a copy's {m['copy_gb_s']} GB/s; copies of a weight's size "
-              f"{m['copy_at_size_gb_s']} GB/s, {2 * m['bytes'] / m['copies'] / m['copy_at_size_gb_s'] / 1e3:.1f} us each ({record['device']})"
+              f"{m['copy_at_size_gb_s']} GB/s, {m['copy_at_size_us']:.1f} us each ({record['device']})"
               + ("" if m["correct"] else f"; WRONG OUTPUT (relative error {m['rel_err']:.1e}), left out of the best"), flush=True)
   if len(sweep) > 1:
     for shape, (sizes, gb_s) in best.items(): print(f"kernel {shape}: best sizes {','.join(map(str, sizes))} at {gb_s} GB/s")

@@ -67,7 +67,8 @@ def test_copies_at_a_weights_size_count_each_copy_read_and_written(monkeypatch):
     replays.append(step(*inputs).realize().numpy())
     return Steady(kernels=3, times_ms=[1.0], pipelined_ms=0.002)
   monkeypatch.setattr(experiments.matvec, "steady_state", fake_steady)
-  assert copies_at_size(5 * 16384 + 100, 3, iters=2) == pytest.approx(2 * 5 * 16384 * 3 / 0.002 / 1e6)   # whole 16 KiB
+  gb_s, us = copies_at_size(5 * 16384 + 100, 3, iters=2)
+  assert gb_s == pytest.approx(2 * 5 * 16384 * 3 / 0.002 / 1e6) and us == pytest.approx(0.002 * 1e3 / 3)   # whole 16 KiB
   assert replays[0].shape == (5 * 4096,) and (replays[0] == 1).all()   # a real copy of the bytes (zeros plus one)
   copies_at_size(6 * 16384, 1, iters=2)   # 5 chunks, not 6: tinygrad would copy 3 words a thread, one load each
   assert replays[1].shape == (5 * 4096,)
