@@ -38,8 +38,10 @@ class BenchConfig:
   fuse: bool = HINTS["fuse"].default
   norm: str = HINTS["norm"].default
   act_break: bool = HINTS["act_break"].default
+  act_in_matmul: bool = HINTS["act_in_matmul"].default
   attention: str = HINTS["attention"].default
   kv_layout: str = HINTS["kv_layout"].default
+  softmax: str = HINTS["softmax"].default
   row_upcast: int = HINTS["row_upcast"].default
   topk: str = HINTS["topk"].default
   beam: int = HINTS["beam"].default
@@ -65,7 +67,8 @@ class BenchConfig:
 
   def switches(self) -> dict:
     return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm": self.norm, "act_break": self.act_break,
-            "attention": self.attention, "kv_layout": self.kv_layout, "row_upcast": self.row_upcast,
+            "act_in_matmul": self.act_in_matmul, "attention": self.attention, "kv_layout": self.kv_layout, "softmax": self.softmax,
+            "row_upcast": self.row_upcast,
             "skip": list(self.skip),
             "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
             "profile": self.profile}
@@ -79,7 +82,8 @@ class BenchConfig:
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
                    progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm=self.norm,
-                   act_break=self.act_break, attention=self.attention, kv_layout=self.kv_layout)
+                   act_break=self.act_break, attention=self.attention, kv_layout=self.kv_layout, act_in_matmul=self.act_in_matmul,
+                   softmax=self.softmax)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the defaults, or 'default switches'."""

@@ -14,7 +14,7 @@ import numpy as np
 from tinygrad import Device
 from experiments.kernels import replay_kernels
 from models.catalog import file_sha256, resolve_model
-from ops.attention import LAYOUTS
+from ops.attention import LAYOUTS, SOFTMAXES
 from ops.norm import NORMS
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams
@@ -39,9 +39,10 @@ def run(rt: Runtime, ids: list[int], greedy: int) -> tuple[np.ndarray, list[int]
   logits = rt.prefill(ids)
   return logits.numpy()[0].astype(np.float64), list(rt.continue_from(logits, len(ids), greedy, Sampler(SamplerParams(temperature=0))))
 
-def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", norm: str = "fused", kv_layout: str = "heads") -> tuple[Runtime, str]:
+def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", **hints) -> tuple[Runtime, str]:
+  """The preset's runtime with kernel hints (norm, kv_layout, act_in_matmul, softmax) other than the reference's defaults."""
   path = resolve_model(preset)
-  return Runtime(path, ctx, strategy, device=device, progress=False, norm=norm, kv_layout=kv_layout), file_sha256(path)
+  return Runtime(path, ctx, strategy, device=device, progress=False, **hints), file_sha256(path)
 
 def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int) -> None:
   seed = random.SystemRandom().randrange(1 << 31)
@@ -57,12 +58,12 @@ def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: in
   os.replace(tmp, out)
   print(f"wrote {len(cases)} CPU cases (prompt seed {seed}) to {out}")
 
-def against(ref_path: str, device: str, strategy: str = "packed_dot", norm: str = "fused", kv_layout: str = "heads") -> bool:
+def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -> bool:
   with open(ref_path) as f: ref = json.load(f)
   ok, runtimes = True, {}
   for case in ref["cases"]:
     if case["preset"] not in runtimes:
-      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, strategy, norm, kv_layout)
+      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, strategy, **hints)
     rt, sha = runtimes[case["preset"]]
     if sha != case["sha256"]:
       raise SystemExit(f"{case['preset']}: the file made here differs from the reference's (sha256 {sha[:12]} against {case['sha256'][:12]})")
@@ -72,7 +73,7 @@ def against(ref_path: str, device: str, strategy: str = "packed_dot", norm: str 
     good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and tokens == case["greedy"]
     ok &= good
     greedy = "identical" if tokens == case["greedy"] else f"{tokens} against {case['greedy']}"
-    print(f"{case['preset']} on {device} ({strategy}, norm {norm}, kv layout {kv_layout}) against CPU: logits rel err {rel:.2e}, "
+    print(f"{case['preset']} on {device} ({', '.join([strategy, *(f'{n} {v}' for n, v in hints.items())])}) against CPU: logits rel err {rel:.2e}, "
           f"argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
           f"{greedy}, {graph_batches(rt)} graph launches per "
           "decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): " % position_dependent(rt)
@@ -92,6 +93,8 @@ def main() -> None:
                  "the CPU reference)")
   p.add_argument("--kv-layout", choices=LAYOUTS, default="heads", help="the KV cache layout on the device checked (default heads, as the "
                  "CPU reference)")
+  p.add_argument("--act-in-matmul", action="store_true", help="the FFN activation computed by the gate and up matmul's kernel")
+  p.add_argument("--softmax", choices=SOFTMAXES, default="max", help="attention's softmax stabilizer (default max, as the CPU reference)")
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
@@ -99,7 +102,8 @@ def main() -> None:
   if a.save:
     if not a.presets: p.error("--save needs presets")
     save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy)
-  else: sys.exit(0 if against(a.against, a.device, a.strategy, a.norm, a.kv_layout) else 1)
+  else: sys.exit(0 if against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul,
+                              softmax=a.softmax) else 1)
 
 if __name__ == "__main__":
   main()

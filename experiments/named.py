@@ -12,7 +12,8 @@ from profiles.hints import HINTS
 
 DEFS = Path(__file__).with_name("defs")
 # switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
-SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool, "attention": str, "kv_layout": str,
+SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool, "act_in_matmul": bool, "attention": str, "kv_layout": str,
+            "softmax": str,
             "row_upcast": int, "skip": list, "topk": str, "beam": int,
             "jit_batch_size": int, "requant": str, "profile": bool}
 BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}

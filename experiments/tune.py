@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable
 from tinygrad import Device
 from experiments.bench import BenchConfig, bench, changed_switches
-from ops.attention import LAYOUTS
+from ops.attention import LAYOUTS, SOFTMAXES
 from ops.norm import NORMS
 
 # hint -> the values tried; row_upcast only shapes CPU kernels, the JIT batch size only GPU graphs
 SEARCH = {"norm": NORMS, "act_break": (True, False), "strategy": ("packed_dot", "packed_words"), "fuse": (True, False),
-          "kv_layout": LAYOUTS}
+          "kv_layout": LAYOUTS, "act_in_matmul": (False, True), "softmax": SOFTMAXES}
 CPU_SEARCH = {"row_upcast": (8, 4, 16)}
 GPU_SEARCH = {"jit_batch_size": (32, 64, 16)}
 

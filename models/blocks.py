@@ -5,6 +5,7 @@ from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, attention
+from ops.activations import Gated
 from ops.norm import NormedInput, rms_norm, rms_scale
 from ops.rope import apply_rope
 from quant.qtensor import QTensor
@@ -47,7 +48,7 @@ class AttentionSpec:
 
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
-    self.cfg, self.spec, self.variant, self.norm = cfg, spec, w.attention, w.norm
+    self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.attention, w.softmax, w.norm
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"], [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
                                                                       cfg.n_kv_heads * cfg.v_head_dim], cfg.dim)
     self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
@@ -97,7 +98,8 @@ class Attention:
               key_rope: tuple[Tensor, Tensor] | None) -> Tensor:
     B, _, T, _ = q.shape
     out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap,
-                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, key_rope=key_rope, variant=self.variant)
+                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, key_rope=key_rope, variant=self.variant,
+                    softmax=self.softmax)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
@@ -106,19 +108,21 @@ def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
   if isinstance(pattern, list): return [bool(p) for p in pattern[:n_layers]]
   return [pattern == 0 or (i + 1) % pattern != 0 for i in range(n_layers)]
 
-Activation = Callable[[Tensor, Tensor], Tensor]
-
 class FeedForward:
   """down(activation(gate(x), up(x))) over `{prefix}.ffn_{gate,up,down}{suffix}` (suffix "_shexp": DeepSeek's shared experts)."""
-  def __init__(self, w: Weights, prefix: str, dim: int, ffn_dim: int | None, activation: Activation, suffix: str = ""):
+  def __init__(self, w: Weights, prefix: str, dim: int, ffn_dim: int | None, activation: Gated, suffix: str = ""):
     if ffn_dim is None: raise w.g.fail(f"missing metadata key '{w.g.architecture}.feed_forward_length'")
     # gate and up as one matmul over their joined rows (with `fuse`): left as two, tinygrad computes both in one kernel of
     # two reduces, which its GPU optimizer cannot split over threads (412 us on an H100 for Llama-3.2-1B's, against 2 x 34)
     self.gate_up = w.projections([f"{prefix}.ffn_gate{suffix}", f"{prefix}.ffn_up{suffix}"], [ffn_dim, ffn_dim], dim)
     self.down = w.linear(f"{prefix}.ffn_down{suffix}", dim, ffn_dim)
-    self.activation, self.act_break = activation, w.act_break
+    self.activation, self.act_break, self.act_in_matmul = activation, w.act_break, w.act_in_matmul
 
-  def __call__(self, x: Tensor | NormedInput) -> Tensor: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
+  def __call__(self, x: Tensor | NormedInput) -> Tensor:
+    if self.act_break and self.act_in_matmul and self.gate_up.joined_linear() is not None:
+      # realized by the joined gate and up matmul's kernel, which sums each gate and up row pair (`act_in_matmul`)
+      return self.down(self.activation.of_pairs(self.gate_up.joined(x).unflatten(-1, (2, -1))).contiguous())
+    return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
 
 class Block:
   """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma: with norm `single` each is

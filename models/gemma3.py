@@ -1,11 +1,10 @@
 """Gemma 3: sandwich norms (stored as 1 + w), QK-norm, GeGLU, embeddings scaled by sqrt(dim), and five local
 sliding-window layers (rope base 10000) for every global one (the metadata's rope base and scaling)."""
-import functools
 import math
 from models.blocks import Attention, AttentionSpec, Block, FeedForward, Transformer, sliding_layers
 from models.config import ModelConfig
 from models.weights import Weights
-from ops.activations import geglu
+from ops.activations import geglu, geglu_fp16_table
 from ops.rope import rope_tables
 
 GLOBAL_EVERY = 6         # without a pattern in the metadata, layers 5, 11, 17, ... attend globally
@@ -14,7 +13,7 @@ LOCAL_ROPE_BASE = 10000.0
 def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
   if cfg.sliding_window is None: raise w.g.fail("missing metadata key 'gemma3.attention.sliding_window'")
   scale = 1 / math.sqrt(cfg.head_dim)
-  act = functools.partial(geglu, fp16_table=w.rounding == "ggml")
+  act = geglu_fp16_table if w.rounding == "ggml" else geglu
   local_base = w.g.get("gemma3.rope.freq_base_swa", LOCAL_ROPE_BASE)
   local = AttentionSpec(rope_tables(cfg.rope_dims, local_base, max_context, None, w.device), False, scale, cfg.sliding_window, qk_norm=True)
   glob = AttentionSpec(rope_tables(cfg.rope_dims, cfg.rope_base, max_context, cfg.yarn, w.device), False, scale, None, qk_norm=True)

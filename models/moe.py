@@ -2,7 +2,8 @@
 (QuantExperts), their outputs are summed with the routing weights, and shared experts (DeepSeek) are added for every token."""
 from dataclasses import dataclass
 from tinygrad import Tensor
-from models.blocks import Activation, FeedForward, down_input
+from models.blocks import FeedForward, down_input
+from ops.activations import Gated
 from models.weights import Weights
 from ops.norm import NormedInput
 from ops.routing import Gating, route
@@ -29,7 +30,7 @@ class MoEConfig:
 class MoE:
   """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
   whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
-  def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Activation):
+  def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Gated):
     self.cfg, self.activation, self.topk, self.act_break = cfg, activation, w.topk, w.act_break
     E, ff = cfg.n_experts, cfg.ffn_dim
     self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)

@@ -43,7 +43,8 @@ class Runtime:
   def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
                fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
                skip: tuple[str, ...] = (), topk: str = "pairwise", profile: bool = True, norm: str = "fused",
-               act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads"):
+               act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads", act_in_matmul: bool = False,
+               softmax: str = "max"):
     use_row_upcast(row_upcast)
     self.profile = use_device_profile() if profile else use_tuned_sizes({})   # the profile's path, or None
     self.gguf = GGUFFile(path)
@@ -52,7 +53,8 @@ class Runtime:
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip, topk, norm, act_break, attention, kv_layout)
+    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip, topk, norm, act_break, attention, kv_layout,
+                           act_in_matmul, softmax)
     self.model = build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)

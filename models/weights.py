@@ -5,7 +5,7 @@ from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
 from quant.gguf_file import GGUFFile
-from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
+from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS, NormedInput
 from ops.topk import topk_by_name
 from quant.linear import QuantExperts, QuantLinear, StrategyPlan
@@ -17,13 +17,15 @@ LabelKind = Literal["matmul", "experts", "vector", "table", "cache"]   # experts
 class Weights:
   def __init__(self, g: GGUFFile, strategy: StrategyPlan | str = "packed_dot", device: str | None = None,
                progress: bool = False, rounding: str = "exact", fuse: bool = True, skip: tuple[str, ...] = (), topk: str = "pairwise",
-               norm: str = "fused", act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads"):
+               norm: str = "fused", act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads",
+               act_in_matmul: bool = False, softmax: str = "max"):
     if (bad := [c for c in skip if c not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
     if norm not in NORMS: raise ValueError(f"unknown norm mode {norm!r} (choose from {', '.join(NORMS)})")
     if attention not in ATTENTION_VARIANTS: raise ValueError(f"unknown attention variant {attention!r} (choose from {', '.join(ATTENTION_VARIANTS)})")
     if kv_layout not in KV_LAYOUTS: raise ValueError(f"unknown KV cache layout {kv_layout!r} (choose from {', '.join(KV_LAYOUTS)})")
+    if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
     self.g, self.device, self.rounding, self.fuse, self.skip, self.norm = g, device, rounding, fuse, frozenset(skip), norm
-    self.act_break, self.attention, self.kv_layout = act_break, attention, kv_layout
+    self.act_break, self.act_in_matmul, self.attention, self.kv_layout, self.softmax = act_break, act_in_matmul, attention, kv_layout, softmax
     self.topk = topk_by_name(topk)
     self.plan = StrategyPlan.parse(strategy) if isinstance(strategy, str) else strategy
     self.bar = tqdm(total=len(g.tensors), desc="loading weights", unit="tensor", leave=False, disable=not progress)

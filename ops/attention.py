@@ -19,6 +19,14 @@ tinygrad realizes an elementwise result that is broadcast afterwards, and a rota
 `q_rms` (q before its RMS norm, eps) says q arrives times its norm weight alone: its 1/rms multiplies the logits (they
 are linear in q), summed once per logit for the same reason. A sink (gpt-oss) is one learned logit per query head that
 joins the softmax denominator and contributes no value.
+
+The softmax subtracts a stabilizer from the logits before exp. `softmax="max"` takes their max over positions, a
+kernel of its own: a max read inside the value sum, which sums over positions, would be recomputed for every position.
+`softmax="self"` takes each query's logit of its own key (the newest, always visible) plus SELF_MARGIN, summed with the
+logit itself as q.(k - k_self), so the logits kernel computes it and no kernel is added: the same softmax in exact
+arithmetic, and in float32 as long as no logit exceeds the query's own by more than about 130 (exp overflows past
+88 + SELF_MARGIN - ln(positions)), where the max's softmax is exact at any spread. For one query row (a decode step;
+a prefill keeps the max, as the norm `single` does) and not with a sink or a soft cap (not linear in q).
 """
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
@@ -29,6 +37,10 @@ from ops.rope import apply_rope
 CHUNK = 64
 VARIANTS = ("chunked", "whole")   # the chunks that hold valid positions, or every chunk allocated
 LAYOUTS = ("heads", "rows")   # KVCache: k and v per head, or each position's q, k and v projections as one row
+SOFTMAXES = ("max", "self")   # the softmax's stabilizer: the logits' max, or each query's logit of its own key
+# the "self" stabilizer's margin over each query's own logit: that logit's weight is e^-60, a normal float32 (they go
+# down to e^-87), and logits up to about 148 - ln(positions) above it stay finite
+SELF_MARGIN = 60.0
 
 def cache_positions(max_ctx: int) -> int:
   """Positions a cache allocates for max_ctx: whole chunks."""
@@ -85,11 +97,14 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
-              q_rms: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None, variant: str = "chunked") -> Tensor:
+              q_rms: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None, variant: str = "chunked",
+              softmax: str = "max") -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
   if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
+  if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
+  by_self = softmax == "self" and sinks is None and softcap is None and B * T == 1
   n = L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
   keys = _chunks(k, n)
   # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated; q is broadcast
@@ -102,6 +117,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
     if q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
     cos, sin = (_chunks(t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))).reshape(1, 1, L, -1), n) for t in key_rope)
     keys = apply_rope(keys.expand(qg.shape), cos, sin, q_rope[2])
+  if by_self:   # each query's own key (position start_pos + i) taken off every key: the logits come out less its own logit
+    own = k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D).expand(qg.shape)
+    if key_rope is not None and q_rope is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
+    keys = keys.cast(dtypes.float32) - own.cast(dtypes.float32)
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
   if q_rms is not None:   # q normalized where the logits read it: its 1/rms summed for each logit, not broadcast
@@ -116,7 +135,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   logits = visible.where(logits, float("-inf"))
   # softmax with the division after the value matmul: one kernel fewer than normalizing the weights first.
   # A sink adds exp(sink) to the denominator only.
-  peak = logits.max(axis=(-2, -1), keepdim=True)
+  peak = SELF_MARGIN if by_self else logits.max(axis=(-2, -1), keepdim=True)
   sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1, 1)
   if sink is not None: peak = peak.maximum(sink)
   e = (logits - peak).exp()

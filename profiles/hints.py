@@ -11,7 +11,7 @@ resolved hints, and journal records store them.
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
-from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
+from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
 from quant.gguf_file import GGUFFile
@@ -57,11 +57,16 @@ HINTS: dict[str, Hint] = {
   "norm": Hint("fused", _one_of(NORMS), "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
                "first), single (realized by one kernel) or fold (its squares summed inside the matvecs)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
+  "act_in_matmul": Hint(False, _bool, "the realized FFN activation computed by the kernel of gate and up's joined matmul, as a product over "
+                        "each gate and up row pair (one kernel fewer a dense FFN; with act_break, where gate and up are one matmul)"),
   "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
                     "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
   "kv_layout": Hint("heads", _one_of(KV_LAYOUTS), "the KV cache per kv head, written by a kernel of its own (heads), or one row per position "
                     "holding its q, k and v projections as their joined matmul writes them (rows: one kernel fewer a block; k rotated where "
                     "read; where q, k and v are one matmul into a float32 cache without q/k norms, else heads)"),
+  "softmax": Hint("max", _one_of(SOFTMAXES), "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or each "
+                  "query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; exact unless a "
+                  "logit exceeds the query's own by about 130; not with sinks or a soft cap)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
   "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
   "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),

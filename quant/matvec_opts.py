@@ -117,7 +117,12 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   return opts
 
 def _outer_reduce(k: Scheduler):
-  return next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
+  """The matvec's sum over a row's blocks: the outermost reduce, or the sum inside an outermost product (a gated
+  activation over joined gate and up rows, ops/activations.py: a product over the pair of sums)."""
+  outermost = next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
+  if outermost.arg[0] is not Ops.MUL: return outermost
+  pair = set(outermost.src[1:])
+  return next(red for red in k.reduceops if red.arg[0] is Ops.ADD and {u for u in red.ranges if u.arg[-1] is AxisType.REDUCE} == pair)
 
 def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   """A matvec's reduce axes: over a row's blocks, over a block's words (a packed_words matvec sums each word before
@@ -127,7 +132,7 @@ def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   outers = [a for a in reduces if k.rngs[a] in outer]
   blocks = max(outers, key=lambda a: k.full_shape[a])
   words = outers[-1] if len(outers) < len(reduces) else None
-  return blocks, words, [a for a in reduces if a not in (blocks, words)]
+  return blocks, words, [a for a in reduces if a not in (blocks, words) and k.rngs[a] is not _pair_product(k)]
 
 def word_elements(k: Scheduler) -> int:
   """The elements summed inside one word of a packed_words matvec (the largest of its inner sums: a folded norm has
@@ -151,11 +156,12 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   inner = [k.rngs[a] for a in inside]
   # a span of 0 (or sizes tuned before there was one) gives a thread whole 32-element blocks
   tuned, span = k.copy(), (span or max(1, 32 // word_elements(k))) if words is not None else 1
+  if (pair := _pair_product(k)) is not None: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(k.rngs.index(pair)), 0))
   if words is not None:
     if (span := gcd(span, k.full_shape[words])) > 1:
-      tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(words), span))
+      tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(_reduce_axis(tuned, k.rngs[words].arg)), span))
     if words != blocks and (lanes := k.full_shape[words] // span) > 1:
-      tuned.apply_opt(Opt(OptOps.GROUP, tuned.axes_of(AxisType.REDUCE).index(_reduce_axis(tuned, k.rngs[words].arg)), lanes))
+      _group(tuned, k.rngs[words].arg, lanes)
       threads = max(1, threads // lanes)
   if _reduce_axis(tuned, k.rngs[blocks].arg) is not None:   # none where the span took a whole short row
     _group_divisor(tuned, k.rngs[blocks].arg, threads)
@@ -194,8 +200,24 @@ def _group_divisor(k: Scheduler, arg: tuple, limit: int) -> None:
   """GROUPs the loop left of reduce axis `arg` over the most threads, up to `limit`, that divide it (20 blocks a row:
   20 threads, not 4)."""
   a = _reduce_axis(k, arg)
-  if (threads := max(d for d in range(1, limit + 1) if k.full_shape[a] % d == 0)) > 1:
-    k.apply_opt(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads))
+  if (threads := max(d for d in range(1, limit + 1) if k.full_shape[a] % d == 0)) > 1: _group(k, arg, threads)
+
+def _pair_product(k: Scheduler):
+  """The range of an outermost product over a pair of the matvec's sums (a gated activation, ops/activations.py), or None."""
+  outermost = next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
+  return outermost.src[1] if outermost.arg[0] is Ops.MUL and len(outermost.src) == 2 else None
+
+def _group(k: Scheduler, arg: tuple, threads: int) -> None:
+  """GROUPs the loop left of reduce axis `arg` over `threads` threads. tinygrad refuses a GROUP inside another reduce
+  (its if-contexts around a loop); inside a product over a pair that is unrolled there is no loop, and the split is
+  made directly."""
+  a = _reduce_axis(k, arg)
+  try: k.apply_opt(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads))
+  except KernelOptError:
+    products = [red for red in k.reduceops if red.arg[0] is Ops.MUL]
+    if not products or any(u.op is Ops.RANGE and u.arg[-1] is AxisType.REDUCE for red in products for u in red.src[1:]): raise
+    k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
+    k.applied_opts.append(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a) if a < len(k.rngs) else 0, threads))
 
 def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL) -> None:
   """Unrolls REDUCE_UNROLL steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a

@@ -179,7 +179,7 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   from quant.activations import ROUNDINGS
   from quant.linear import STRATEGIES
   from ops.norm import NORMS
-  from ops.attention import LAYOUTS as KV_LAYOUTS, VARIANTS as ATTENTION_VARIANTS
+  from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
   from ops.topk import TOPK_ALGORITHMS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--strategy", metavar="SPEC",
@@ -199,6 +199,12 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                  "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
   s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
                  "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")
+  s.add_argument("--act-in-matmul", action=on_off, help="compute the realized FFN activation in the kernel of gate and up's joined matmul, "
+                 "as a product over each gate and up row pair: one kernel fewer per dense FFN (with --act-break and --fuse; default off)")
+  s.add_argument("--softmax", choices=SOFTMAXES, help="attention's softmax stabilizer in a decode step: max (the logits' max, a kernel of "
+                 "its own; the default) or self (each query's logit of its own key plus a margin of 60, summed in the logits kernel: one "
+                 "kernel fewer a block, the same softmax unless a logit exceeds the query's own by about 130; models with attention "
+                 "sinks or a soft cap keep max)")
   s.add_argument("--attention", choices=ATTENTION_VARIANTS, help="which KV cache positions attention reads: chunked (the chunks of 64 "
                  "that hold valid ones; the default) or whole (every chunk allocated, masked: the same static shapes at every position, "
                  "but each step reads the whole cache)")

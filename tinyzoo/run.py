@@ -12,7 +12,7 @@ def load(args) -> tuple[Runtime, Context]:
   h = model_hints(args, path := resolve_model(args.model))
   rt = Runtime(path, max_context=args.ctx, strategy=h["strategy"], rounding=args.rounding, fuse=h["fuse"], progress=sys.stderr.isatty(),
                row_upcast=h["row_upcast"], topk=h["topk"], norm=h["norm"], act_break=h["act_break"], attention=h["attention"],
-               kv_layout=h["kv_layout"], profile=not args.no_profile)
+               kv_layout=h["kv_layout"], act_in_matmul=h["act_in_matmul"], softmax=h["softmax"], profile=not args.no_profile)
   # hints at their defaults leave tinygrad's own BEAM and JIT_BATCH_SIZE environment in force
   return rt, Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"})
 

@@ -16,4 +16,4 @@ def test_activations(seed, rng):
   g, u = ((rng.normal(size=(4, 96)) * 6).astype(np.float32) for _ in range(2))
   for fn, ref in ((swiglu, ref_swiglu), (geglu, ref_geglu), (swiglu_clamped, ref_swiglu_clamped)):
     out = fn(Tensor(g), Tensor(u)).numpy()
-    np.testing.assert_allclose(out, ref(g.astype(np.float64), u.astype(np.float64)), rtol=1e-4, atol=1e-4, err_msg=f"{fn.__name__} seed={seed}")
+    np.testing.assert_allclose(out, ref(g.astype(np.float64), u.astype(np.float64)), rtol=1e-4, atol=1e-4, err_msg=f"{fn.name} seed={seed}")
