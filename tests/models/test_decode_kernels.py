@@ -41,3 +41,20 @@ def test_a_row_cache_written_by_the_qkv_matmul_saves_a_kernel_a_block(tmp_path, 
   np.testing.assert_allclose(outs["rows"][0], outs["heads"][0], rtol=1e-5, atol=1e-5)
   assert outs["rows"][1] == outs["heads"][1]
   assert outs["rows"][2] == outs["heads"][2] - saved * rt.cfg.n_layers
+
+def test_llama_decodes_in_eight_kernels_a_block(tmp_path):
+  """With the row cache, the norm realized by one kernel, the softmax stabilized by each query's own logit and the
+  activation computed by the gate and up matmul's kernel, a Llama block is 8 kernels (norm, q/k/v into the cache,
+  logits, values, output projection, norm, gate+up with the activation, down): the issue's bound; the logits and greedy
+  tokens over a prompt and steps that cross a chunk boundary stay those of the default kernels."""
+  path = synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0")
+  outs = {}
+  for name, hints in (("default", {}), ("eight", dict(norm="single", kv_layout="rows", softmax="self", act_in_matmul=True))):
+    rt = Runtime(path, max_context=160, progress=False, strategy="packed_words", **hints)
+    logits = rt.prefill(list(range(5, 65)))
+    outs[name] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))), jit_kernels(rt._decode))
+  base = outs["default"][0]   # the norms sum in another order: float32 rounding apart, as in test_breaks
+  np.testing.assert_allclose(outs["eight"][0], base, rtol=1e-4, atol=1e-4 * np.abs(base).max())
+  assert outs["eight"][1] == outs["default"][1]
+  # outside the blocks: the embedding row, the output norm and the output matmul
+  assert len(outs["eight"][2]) == 8 * rt.cfg.n_layers + 3, [k.name for k in outs["eight"][2]]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
-from ops.attention import CHUNK, VARIANTS, KVCache, attention
+from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention
 from ops.norm import rms_norm
 from ops.rope import apply_rope, rope_tables
 
@@ -132,3 +132,42 @@ def test_a_row_cache_holds_each_positions_projections(seed, rng):
   np.testing.assert_array_equal(k.numpy()[0, :, 3:5], k_want)
   np.testing.assert_array_equal(v.numpy()[0, :, 3:5], qkv_rows[0, :, HQ * D + HKV * D:].reshape(2, HKV, DV).transpose(1, 0, 2))
   assert not k.numpy()[0, :, :3].any() and not v.numpy()[0, :, 5:].any()
+
+@pytest.mark.parametrize("layout", ["heads", "rows"])
+@pytest.mark.parametrize("start_pos", [0, 9, CHUNK + 3], ids=["first", "one-chunk", "two-chunks"])
+def test_softmax_stabilized_by_the_querys_own_logit(seed, rng, layout, start_pos):
+  """softmax=self: a decode step's logits less the query's logit of its own key (its key rotated as read, with layout
+  rows) give the float64 softmax, as the max does."""
+  q, k, v = (a[:1] for a in qkv(rng, 1, start_pos + 1))   # one query row: a decode step
+  cos, sin = rope_tables(D, 10000.0, start_pos + 2)
+  q_rope = (cos[start_pos:start_pos + 1], sin[start_pos:start_pos + 1], False)
+  k_rot = apply_rope(Tensor(k), cos[:start_pos + 1], sin[:start_pos + 1], False).numpy()
+  q_rot = apply_rope(Tensor(q), *q_rope).numpy()
+  ks = in_cache(rng, k if layout == "rows" else k_rot, 2)
+  got = attention(Tensor(q), ks, in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope, softmax="self",
+                  key_rope=(cos, sin) if layout == "rows" else None)
+  # float32: the rotations of each key and of the query's own are rounded apart (outputs of unit size)
+  np.testing.assert_allclose(got.numpy(), ref_attention(q_rot, k_rot, v, start_pos, D ** -0.5), rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
+
+@pytest.mark.parametrize("spread", [0.0, 30.0, SELF_MARGIN + 60])
+def test_softmax_by_self_holds_a_spread_of_logits(seed, rng, spread):
+  """One key's logit `spread` above the query's own: within the margin exp neither overflows nor loses the own term."""
+  start_pos = 20
+  q, k, v = (a[:1] for a in qkv(rng, 1, start_pos + 1))
+  q, k = np.ones_like(q), np.zeros_like(k)
+  k[:, :, 4] = spread / (D * D ** -0.5)   # q.k * scale == spread at position 4, 0 everywhere else (the query's own key too)
+  got = attention(Tensor(q), in_cache(rng, k, 1), in_cache(rng, v, 1), start_pos, scale=D ** -0.5, softmax="self").numpy()
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, ref_attention(q, k, v, start_pos, D ** -0.5), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+
+def test_softmax_by_self_saves_the_max_kernel(rng):
+  """A decode step's attention over a cache: the self stabilizer is one kernel fewer than the max (a kernel of its own)."""
+  q, k, v = (a[:1] for a in qkv(rng, 1, 40))
+  ks, vs = in_cache(rng, k, 2).realize(), in_cache(rng, v, 2).realize()
+  counts = {}
+  for softmax in ("max", "self"):
+    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax).realize())
+    for pos in (30, 31, 32): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
+    counts[softmax] = len(jit.captured.linear.src)
+  assert counts["self"] == counts["max"] - 1, counts
+  with pytest.raises(ValueError, match="unknown softmax stabilizer 'online'"): attention(Tensor(q), ks, vs, 30, scale=1.0, softmax="online")

@@ -1,6 +1,7 @@
 """The CPU matvec opts: which kernels get them, that the results stay right, and bad settings.
 
 Kernels are cached by their graph whatever the setting, so each test uses shapes no other test compiles."""
+from math import prod
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T, quants
@@ -223,3 +224,38 @@ def test_gpu_matvec_unrolls_a_threads_steps_up_to_a_budget(row_upcast, rng: np.r
     assert sum(line.count("data1_") for line in body.splitlines() if " val" in line) == loads, (t, sizes)
     loops = [line.split(";")[1].strip() for line in body.splitlines() if "for (" in line]
     assert [bound.split(" < ")[1] for bound in loops] == ([] if loop is None else [str(loop)]), (t, sizes)
+
+def _gate_up_pairs(rows: int, cols: int, rng: np.random.Generator, device: str | None = None) -> tuple[QuantLinear, np.ndarray, Tensor]:
+  raw = random_blocks(T.Q4_0, (2 * rows, cols), rng)
+  lin = QuantLinear(QTensor.from_bytes(raw, T.Q4_0, (2 * rows, cols), device), strategy="packed_words")
+  x = rng.standard_normal((1, cols), dtype=np.float32)
+  return lin, (x.astype(np.float64) @ quants.dequantize(raw, T.Q4_0).reshape(2 * rows, cols).T.astype(np.float64))[0], Tensor(x, device=device)
+
+def test_gpu_matvec_of_gate_and_up_pairs(row_upcast, rng: np.random.Generator):
+  """A product over each gate and up row pair (an activation computed by the joined matmul's kernel): the pair is
+  unrolled in the thread and the sum inside it split over threads like a matvec's, at half the rows a thread (a row is
+  two sums); the activation follows the group sum in the same kernel."""
+  from ops.activations import swiglu
+  rows, cols = 1024, 2048
+  row_upcast(8)
+  lin, _, x = _gate_up_pairs(rows, cols, rng)
+  threads, block, per_thread, _ = builtin_gpu_sizes(rows, 256, 1, 8, pair=True)
+  assert per_thread == builtin_gpu_sizes(rows, 256, 1, 8)[2] // 2
+  global_size, local_size = cuda_launch(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))))
+  assert global_size == (rows // (block * per_thread), 1, 1) and prod(local_size) == threads * block
+  src = cuda_source(swiglu.of_pairs(lin(x + 1).unflatten(-1, (2, rows))))
+  assert src.count("__global__") == 1 and "__shared__" in src and "exp2" in src and "for (" not in src.split("__syncthreads")[0]
+
+def test_gpu_matvec_of_pairs_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
+  """The pair kernel's GROUP sits inside the unrolled product, a split tinygrad's opts refuse and matvec_opts makes
+  directly: run on tinygrad's PYTHON device (an emulator with workgroups and shared memory) against float64."""
+  from ops.activations import swiglu
+  rows, cols = 64, 512
+  row_upcast(8)
+  lin, want, x = _gate_up_pairs(rows, cols, rng, "PYTHON")
+  jit = TinyJit(lambda x: swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))).realize())
+  for _ in range(2): got = jit(x).numpy()[0]
+  [opts] = [prg.src[0].arg.applied_opts for prg in jit_programs(jit)]
+  assert [o.arg for o in opts if o.op is OptOps.GROUP] and Opt(OptOps.UNROLL, 6, 0) in opts, opts
+  g, u = want[:rows], want[rows:]
+  np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-4 * np.abs(g * u).max())
