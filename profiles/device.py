@@ -96,7 +96,8 @@ def _save(path: Path, profile: dict) -> None:
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text("# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
                  "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
-                 "# a block per thread]) found fastest per kernel shape on this device (gb_s 0: chosen by a model bench's tok/s)\n" + yaml.safe_dump(doc, sort_keys=False))
+                 "# a block per thread]) found fastest per kernel shape on this device (gb_s 0: chosen by a model bench's tok/s)\n"
+                 + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 
 def use_device_profile(device: str | None = None, folder: Path | None = None) -> Path | None:
