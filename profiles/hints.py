@@ -57,8 +57,9 @@ HINTS: dict[str, Hint] = {
   "norm": Hint("fused", _one_of(NORMS), "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
                "first), single (realized by one kernel) or fold (its squares summed inside the matvecs)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
-  "act_in_matmul": Hint(False, _bool, "the realized FFN activation computed by the kernel of gate and up's joined matmul, as a product over "
-                        "each gate and up row pair (one kernel fewer a dense FFN; with act_break, where gate and up are one matmul)"),
+  "act_in_matmul": Hint(False, _bool, "the realized FFN activation computed by the kernel of gate and up's joined matmul, as a product "
+                        "over each gate and up row pair (one kernel fewer a dense FFN in a decode step; with act_break, where gate and up "
+                        "are one matmul)"),
   "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
                     "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
   "kv_layout": Hint("heads", _one_of(KV_LAYOUTS), "the KV cache per kv head, written by a kernel of its own (heads), or one row per position "
