@@ -116,13 +116,19 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   if threads > 1: opts.append(Opt(OptOps.THREAD, axis, threads))
   return opts
 
+def _outermost(k: Scheduler):
+  return next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
+
+def _pair_product(k: Scheduler):
+  """The range of an outermost product over a pair of the matvec's sums (a gated activation over joined gate and up
+  rows, ops/activations.py), or None."""
+  outermost = _outermost(k)
+  return outermost.src[1] if outermost.arg[0] is Ops.MUL and len(outermost.src) == 2 else None
+
 def _outer_reduce(k: Scheduler):
-  """The matvec's sum over a row's blocks: the outermost reduce, or the sum inside an outermost product (a gated
-  activation over joined gate and up rows, ops/activations.py: a product over the pair of sums)."""
-  outermost = next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
-  if outermost.arg[0] is not Ops.MUL: return outermost
-  pair = set(outermost.src[1:])
-  return next(red for red in k.reduceops if red.arg[0] is Ops.ADD and {u for u in red.ranges if u.arg[-1] is AxisType.REDUCE} == pair)
+  """The matvec's sum over a row's blocks: the outermost reduce, or the sum inside an outermost pair product."""
+  if (pair := _pair_product(k)) is None: return _outermost(k)
+  return next(red for red in k.reduceops if red.arg[0] is Ops.ADD and [u for u in red.ranges if u.arg[-1] is AxisType.REDUCE] == [pair])
 
 def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   """A matvec's reduce axes: over a row's blocks, over a block's words (a packed_words matvec sums each word before
@@ -202,22 +208,18 @@ def _group_divisor(k: Scheduler, arg: tuple, limit: int) -> None:
   a = _reduce_axis(k, arg)
   if (threads := max(d for d in range(1, limit + 1) if k.full_shape[a] % d == 0)) > 1: _group(k, arg, threads)
 
-def _pair_product(k: Scheduler):
-  """The range of an outermost product over a pair of the matvec's sums (a gated activation, ops/activations.py), or None."""
-  outermost = next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
-  return outermost.src[1] if outermost.arg[0] is Ops.MUL and len(outermost.src) == 2 else None
-
 def _group(k: Scheduler, arg: tuple, threads: int) -> None:
   """GROUPs the loop left of reduce axis `arg` over `threads` threads. tinygrad refuses a GROUP inside another reduce
   (its if-contexts around a loop); inside a product over a pair that is unrolled there is no loop, and the split is
   made directly."""
   a = _reduce_axis(k, arg)
-  try: k.apply_opt(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads))
+  opt = Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads)
+  try: k.apply_opt(opt)
   except KernelOptError:
     products = [red for red in k.reduceops if red.arg[0] is Ops.MUL]
     if not products or any(u.op is Ops.RANGE and u.arg[-1] is AxisType.REDUCE for red in products for u in red.src[1:]): raise
     k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
-    k.applied_opts.append(Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a) if a < len(k.rngs) else 0, threads))
+    k.applied_opts.append(opt)
 
 def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL) -> None:
   """Unrolls REDUCE_UNROLL steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a
