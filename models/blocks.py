@@ -23,10 +23,10 @@ def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | N
   out = rms_norm(x, weight, eps, sum_per_output=sums_per_output(mode, x))
   return out.contiguous() if mode in ("break", "single") else out
 
-def sums_per_output(mode: str, x: Tensor) -> bool:
-  """Whether norms over x (one token's rows) sum their squares for each output, inside the kernel that reads them
-  (norm `single`, ops/norm.py); a prefill's tokens sum them once."""
-  return mode == "single" and prod(x.shape[:-1]) == 1
+def sums_per_output(mode: str, x: Tensor | NormedInput) -> bool:
+  """Whether norms over x (one token's rows) that no matmul folds sum their squares for each output, inside the kernel
+  that reads them (norms `single` and `fold`, ops/norm.py); a prefill's tokens sum them once."""
+  return mode in ("single", "fold") and prod(x.shape[:-1]) == 1
 
 def down_input(h: Tensor, realize: bool) -> Tensor:
   """The FFN activation the down matmul reads; with `realize` (`act_break`, the default) a buffer of its own. Computed
@@ -57,8 +57,8 @@ class Attention:
     self.sinks = w.vector(f"{prefix}.attn_sinks.weight", cfg.n_heads) if spec.sinks else None
     # under ggml rounding the cache is fp16 (attention then rounds q to fp16), as in llama.cpp's default KV cache
     kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
-    # layout rows where q, k and v are one matmul into a float32 cache and k has no norm to apply before its rotation
-    rows = w.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32 and not spec.qk_norm
+    # layout rows where q, k and v are one matmul into a float32 cache (k's norm, if any, is applied where it is read)
+    rows = w.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
                          q_width=cfg.n_heads * cfg.head_dim if rows else None)
     if self.cache.rows is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
@@ -79,26 +79,31 @@ class Attention:
     rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
     if self.cache.rows is not None:
       q, k, v = self.cache.write_rows(self.qkv.joined(x), start_pos)
-      return self._attend(self._heads(q, c.n_heads, c.head_dim, None), k, v, start_pos, rope, None, self.spec.rope)
+      return self._attend(q=self._heads(q, c.n_heads, c.head_dim, None), k=k, v=v, start_pos=start_pos, rope=rope,
+                          q_norm=self._norm_read(self.q_norm), key_rope=self.spec.rope, k_norm=self._norm_read(self.k_norm))
     q, k, v = self.qkv(x)
     if self.spec.qk_norm and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:
       # norm single: q and k times their norm weights alone, their 1/rms (a rotation keeps it) applied where they are read
       # and summed there, where a norm before the rotation is realized (the rotation reads it at two indices)
-      qh, kh = self._heads(q, c.n_heads, c.head_dim, None), self._heads(k, c.n_kv_heads, c.head_dim, None)
+      kh = self._heads(k, c.n_kv_heads, c.head_dim, None)
       k = apply_rope(kh * self.k_norm, *rope, self.spec.interleaved) * rms_scale(kh, c.norm_eps, sum_per_output=True)
-      q, q_rms = qh * self.q_norm, (qh, c.norm_eps)
+      q, q_norm = self._heads(q, c.n_heads, c.head_dim, None), self._norm_read(self.q_norm)
     else:
       k = apply_rope(self._heads(k, c.n_kv_heads, c.head_dim, self.k_norm), *rope, self.spec.interleaved)
-      q, q_rms = self._heads(q, c.n_heads, c.head_dim, self.q_norm), None
+      q, q_norm = self._heads(q, c.n_heads, c.head_dim, self.q_norm), None
     v = v.reshape(B, T, c.n_kv_heads, c.v_head_dim).transpose(1, 2)
     k, v = self.cache.update(k, v, start_pos)
-    return self._attend(q, k, v, start_pos, rope, q_rms, None)
+    return self._attend(q, k, v, start_pos, rope, q_norm)
 
-  def _attend(self, q: Tensor, k: Tensor, v: Tensor, start_pos: sint, rope: tuple[Tensor, Tensor], q_rms: tuple[Tensor, float] | None,
-              key_rope: tuple[Tensor, Tensor] | None) -> Tensor:
+  def _norm_read(self, weight: Tensor | None) -> tuple[Tensor, float] | None:
+    """A q or k norm for attention() to apply where the logits read q or the keys."""
+    return None if weight is None else (weight, self.cfg.norm_eps)
+
+  def _attend(self, q: Tensor, k: Tensor, v: Tensor, start_pos: sint, rope: tuple[Tensor, Tensor], q_norm: tuple[Tensor, float] | None,
+              key_rope: tuple[Tensor, Tensor] | None = None, k_norm: tuple[Tensor, float] | None = None) -> Tensor:
     B, _, T, _ = q.shape
     out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap,
-                    q_rope=(*rope, self.spec.interleaved), q_rms=q_rms, key_rope=key_rope, variant=self.variant,
+                    q_rope=(*rope, self.spec.interleaved), q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
                     softmax=self.softmax)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 

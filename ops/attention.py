@@ -16,8 +16,9 @@ Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before ma
 the query positions, [T, rot_dims/2], and the pairing) rotates q where the logits read it, and a half cache meets q
 rounded to half (as llama.cpp's half KV cache does). That arithmetic runs on q broadcast against the keys, once per key:
 tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own.
-`q_rms` (q before its RMS norm, eps) says q arrives times its norm weight alone: its 1/rms multiplies the logits (they
-are linear in q), summed once per logit for the same reason. A sink (gpt-oss) is one learned logit per query head that
+`q_norm` and `k_norm` (an RMS norm's weight and eps) say q, and the cached keys, arrive before their norm: the weight
+multiplies them as read and their 1/rms the logits (they are linear in q and in each key), each summed once per logit
+for the same reason (a norm before the rotation would be realized: the rotation reads it at two indices). A sink (gpt-oss) is one learned logit per query head that
 joins the softmax denominator and contributes no value.
 
 The softmax subtracts a stabilizer from the logits before exp. `softmax="max"` takes their max over positions, a
@@ -97,8 +98,8 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
-              q_rms: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None, variant: str = "chunked",
-              softmax: str = "max") -> Tensor:
+              q_norm: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None,
+              k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked", softmax: str = "max") -> Tensor:
   (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
   if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
@@ -110,22 +111,34 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated; q is broadcast
   # against the keys before any arithmetic on it
   qg = q.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D).expand(B, Hkv, Hq // Hkv, T, *keys.shape[-3:])
+  raw_q = qg
+  # with a key norm, each query's own key (softmax self) is read beside every key on a leading pair axis of q's broadcast
+  pairs = 2 if k_norm is not None and by_self else 1
+  if pairs == 2: qg = qg.unsqueeze(0).expand(2, *qg.shape)
+  if q_norm is not None: qg = qg * q_norm[0]
   if q_rope is not None:
     cos, sin, interleaved = q_rope
     qg = apply_rope(qg, cos.reshape(T, 1, 1, -1), sin.reshape(T, 1, 1, -1), interleaved)
+  own = k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D).expand(qg.shape) if by_self else None
+  if k_norm is not None:   # keys as projected: times their norm weight here, their 1/rms on the logits below
+    raw_keys, raw_own = keys.expand(qg.shape), own
+    keys, own = keys * k_norm[0], None if own is None else own * k_norm[0]
   if key_rope is not None:   # unrotated keys (layout rows), rotated by their positions' rows of the tables as read
     if q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
     cos, sin = (_chunks(t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))).reshape(1, 1, L, -1), n) for t in key_rope)
     keys = apply_rope(keys.expand(qg.shape), cos, sin, q_rope[2])
-  if by_self:   # each query's own key (position start_pos + i) taken off every key: the logits come out less its own logit
-    own = k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D).expand(qg.shape)
-    if key_rope is not None and q_rope is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
-    keys = keys.cast(dtypes.float32) - own.cast(dtypes.float32)
+    if own is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
-  if q_rms is not None:   # q normalized where the logits read it: its 1/rms summed for each logit, not broadcast
-    raw, eps = q_rms
-    logits = logits * rms_scale(raw.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D).expand(*qg.shape), eps).squeeze(-1)
+  def dots(keys: Tensor) -> Tensor: return (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)
+  # with `by_self` each query's own key (position start_pos + i) is taken off every key: the logits come out less its own
+  if k_norm is None: logits = dots(keys if own is None else keys.cast(dtypes.float32) - own.cast(dtypes.float32))
+  else:   # each key's 1/rms summed for each logit; the own key's term taken off in the same sum over the pair axis, as
+    # a second sum reading q would realize q (rotated) in a kernel of its own
+    first = Tensor.arange(pairs).reshape(pairs, *[1] * (qg.ndim - 1)) == 0
+    pair, raw_pair = (keys, raw_keys) if own is None else (first.where(keys, own), first.where(raw_keys, raw_own))
+    logits = (dots(pair) * rms_scale(raw_pair, k_norm[1]).squeeze(-1)).mul(first.squeeze(-1).where(1.0, -1.0)).sum(0) if pairs == 2 else \
+      dots(pair) * rms_scale(raw_pair, k_norm[1]).squeeze(-1)
+  if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
   logits = logits * scale
   if softcap is not None: logits = (logits / softcap).tanh() * softcap
   kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))

@@ -103,7 +103,9 @@ class QuantLinear(_PackedWeight):
     if self.words is None or self.rounding != "exact" or prod(n.x.shape[:-1]) > 1: return self(n.value())
     x = n.x.cast(dtypes.float32)
     both = self.words.dot_and_squares(x, None if n.weight is None else n.weight.cast(dtypes.float32))
-    y = both[..., 0] * (both[..., 1] / x.shape[-1] + n.eps).rsqrt()
+    # a product over the pair axis: taking the two halves of the sum would realize it, and its readers (the KV cache
+    # write of layout rows, act_in_matmul's product) in kernels of their own
+    y = (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
     return (y if self.bias is None else y + self.bias).cast(n.x.dtype)
 
 class QuantExperts(_PackedWeight):

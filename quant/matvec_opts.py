@@ -119,16 +119,22 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
 def _outermost(k: Scheduler):
   return next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
 
-def _pair_product(k: Scheduler):
-  """The range of an outermost product over a pair of the matvec's sums (a gated activation over joined gate and up
-  rows, ops/activations.py), or None."""
-  outermost = _outermost(k)
-  return outermost.src[1] if outermost.arg[0] is Ops.MUL and len(outermost.src) == 2 else None
+def _enclosing(red) -> set:
+  return {u for u in red.ranges if u.arg[-1] is AxisType.REDUCE}
+
+def _pair_products(k: Scheduler) -> list:
+  """The ranges of the products over pairs of the matvec's sums around its sum, outermost first: a gated activation over
+  joined gate and up rows (ops/activations.py), a folded norm's dot and 1/rms (QuantLinear.normed), or both."""
+  pairs, red = [], _outermost(k)
+  while red.arg[0] is Ops.MUL and len(red.src) == 2:
+    pairs.append(red.src[1])
+    red = next((r for r in k.reduceops if _enclosing(r) == set(pairs)), red)
+  return pairs
 
 def _outer_reduce(k: Scheduler):
-  """The matvec's sum over a row's blocks: the outermost reduce, or the sum inside an outermost pair product."""
-  if (pair := _pair_product(k)) is None: return _outermost(k)
-  return next(red for red in k.reduceops if red.arg[0] is Ops.ADD and [u for u in red.ranges if u.arg[-1] is AxisType.REDUCE] == [pair])
+  """The matvec's sum over a row's blocks: the outermost reduce, or the sum inside the outermost pair products."""
+  if not (pairs := _pair_products(k)): return _outermost(k)
+  return next(red for red in k.reduceops if red.arg[0] is Ops.ADD and _enclosing(red) == set(pairs))
 
 def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   """A matvec's reduce axes: over a row's blocks, over a block's words (a packed_words matvec sums each word before
@@ -138,14 +144,15 @@ def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   outers = [a for a in reduces if k.rngs[a] in outer]
   blocks = max(outers, key=lambda a: k.full_shape[a])
   words = outers[-1] if len(outers) < len(reduces) else None
-  pair = _pair_product(k)
-  return blocks, words, [a for a in reduces if a not in (blocks, words) and k.rngs[a] is not pair]
+  pairs = _pair_products(k)
+  return blocks, words, [a for a in reduces if a not in (blocks, words) and k.rngs[a] not in pairs]
 
 def word_elements(k: Scheduler) -> int:
   """The elements summed inside one word of a packed_words matvec (the largest of its inner sums: a folded norm has
   two, its dots and its squares); 0 for a flat reduce."""
   outer = _outer_reduce(k)
-  return max((prod(k.full_shape[k.rngs.index(r)] for r in red.src[1:]) for red in k.reduceops if red is not outer), default=0)
+  return max((prod(k.full_shape[k.rngs.index(r)] for r in red.src[1:]) for red in k.reduceops
+              if red is not outer and red.arg[0] is Ops.ADD), default=0)
 
 def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0) -> Scheduler | None:
   """Split each row over up to `threads` threads (GROUP), LOCAL `block` rows, UPCAST `rows` rows per thread, then
@@ -163,7 +170,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   inner = [k.rngs[a] for a in inside]
   # a span of 0 (or sizes tuned before there was one) gives a thread whole 32-element blocks
   tuned, span = k.copy(), (span or max(1, 32 // word_elements(k))) if words is not None else 1
-  if (pair := _pair_product(k)) is not None: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(k.rngs.index(pair)), 0))
+  for pair in _pair_products(k): tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(pair)), 0))
   if words is not None:
     if (span := gcd(span, k.full_shape[words])) > 1:
       tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(_reduce_axis(tuned, k.rngs[words].arg)), span))
@@ -235,18 +242,18 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
-                           _pair_product(k) is not None)   # type: ignore[arg-type]
+                           len(_pair_products(k)))   # type: ignore[arg-type]
 
-def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pair: bool = False) -> Sizes:
+def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
   reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`. A row of a pair
-  product (`pair`) is two sums: half the rows a thread (llama3.2-1b with softmax self on an H100: its gate and up pairs
-  at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6)."""
+  product is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on an H100: its
+  gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6)."""
   if word:
     half = 2 if rows <= 2048 else 1
     span = max(1, SPAN_ELEMENTS // half // word)
     threads = min(64, steps // span)
-    return threads, max(1, 64 // threads), max(1, 4 // half // (2 if pair else 1)), span
+    return threads, max(1, 64 // threads), max(1, 4 // half >> pairs), span
   # a thread's rows share its activation loads, but few rows (a MoE router's) need one a thread to fill the GPU
   per_thread, threads = (1 if inner >= 32 or rows < 1024 else 4), 16
   while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2

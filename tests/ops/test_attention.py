@@ -92,8 +92,8 @@ def test_query_rotated_where_the_logits_read_it(seed, rng, interleaved, half_cac
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
 def test_query_normalized_where_the_logits_read_it(seed, rng):
-  """q_rms: q times its norm weight alone, rotated, its 1/rms applied to the logits, is attention over the normalized,
-  then rotated q (a rotation keeps the rms)."""
+  """q_norm: q before its norm, times the norm weight and rotated as read, its 1/rms applied to the logits, is attention
+  over the normalized, then rotated q (a rotation keeps the rms)."""
   start_pos, T = 7, 1
   q, k, v = qkv(rng, T, start_pos + T)
   w = rng.normal(size=D).astype(np.float32)
@@ -101,8 +101,44 @@ def test_query_normalized_where_the_logits_read_it(seed, rng):
   rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], False)
   ks, vs = (in_cache(rng, a, 1).realize() for a in (k, v))
   want = attention(rms_norm(Tensor(q), Tensor(w), 1e-6).realize(), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope)
-  got = attention(Tensor(q) * Tensor(w), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_rms=(Tensor(q), 1e-6))
+  got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_norm=(Tensor(w), 1e-6))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+
+def _normed_keys(rng: np.random.Generator, T: int, start_pos: int):
+  """Queries, keys and values, norm weights, and the float64 attention over the q and k normalized, then rotated."""
+  q, k, v = (a[:1] for a in qkv(rng, T, start_pos + T))
+  wq, wk = (rng.normal(size=D) for _ in range(2))
+  cos, sin = rope_tables(D, 10000.0, start_pos + T)
+  def normed(a, w): return a.astype(np.float64) / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+  def rotated(a, rows): return apply_rope(Tensor(a.astype(np.float32)), *rows, False).numpy().astype(np.float64)
+  q_rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], False)
+  want = ref_attention(rotated(normed(q, wq), q_rope[:2]), rotated(normed(k, wk), (cos, sin)), v, start_pos, D ** -0.5)
+  return q, k, v, (wq, wk), (cos, sin), q_rope, want
+
+@pytest.mark.parametrize("softmax", ["max", "self"])
+@pytest.mark.parametrize("T,start_pos", [(1, 9), (1, CHUNK + 3), (3, 5)], ids=["one-chunk", "two-chunks", "prefill"])
+def test_keys_normalized_where_the_logits_read_them(seed, rng, softmax, T, start_pos):
+  """k_norm: keys cached before their norm and rotation (layout rows with Gemma's QK-norm), times the norm weight and
+  rotated as read, each one's 1/rms on its logits (the query's own key's too, under softmax self), against float64."""
+  q, k, v, (wq, wk), rope, q_rope, want = _normed_keys(rng, T, start_pos)
+  f32 = lambda a: Tensor(a.astype(np.float32))
+  got = attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope,
+                  q_norm=(f32(wq), 1e-6), key_rope=rope, k_norm=(f32(wk), 1e-6), softmax=softmax)
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
+
+def test_normalized_keys_cost_no_kernel(rng):
+  """A decode step over a row cache with normalized q and k and softmax self: the norms are summed where the logits read
+  q and the keys, and the query's own key beside every key in one sum: as many kernels as without the norms."""
+  q, k, v, (wq, wk), rope, q_rope, _ = _normed_keys(rng, 1, 40)
+  ks, vs = in_cache(rng, k, 2).realize(), in_cache(rng, v, 2).realize()
+  norms = {"q_norm": (Tensor(wq.astype(np.float32)).realize(), 1e-6), "k_norm": (Tensor(wk.astype(np.float32)).realize(), 1e-6)}
+  counts = {}
+  for name, kw in (("plain", {}), ("normed", norms)):
+    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, q_rope=(rope[0][pos:pos + 1], rope[1][pos:pos + 1], False),
+                                           key_rope=rope, softmax="self", **kw).realize())
+    for pos in (38, 39, 40): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
+    counts[name] = len(jit.captured.linear.src)
+  assert counts["normed"] == counts["plain"], counts
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
 def test_keys_rotated_where_the_logits_read_them(seed, rng, interleaved):

@@ -239,7 +239,7 @@ def test_gpu_matvec_of_gate_and_up_pairs(row_upcast, rng: np.random.Generator):
   rows, cols = 1024, 2048
   row_upcast(8)
   lin, _, x = _gate_up_pairs(rows, cols, rng)
-  threads, block, per_thread, _ = builtin_gpu_sizes(rows, 256, 1, 8, pair=True)
+  threads, block, per_thread, _ = builtin_gpu_sizes(rows, 256, 1, 8, pairs=1)
   assert per_thread == builtin_gpu_sizes(rows, 256, 1, 8)[2] // 2
   global_size, local_size = cuda_launch(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))))
   assert global_size == (rows // (block * per_thread), 1, 1) and prod(local_size) == threads * block
