@@ -96,6 +96,15 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
   B, H, L, D = cache.shape
   return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
 
+def _normed_logits(q: Tensor, keys: Tensor, raw_keys: Tensor, raw_q: Tensor | None, q_eps: float, k_eps: float) -> Tensor:
+  """q.k times each key's 1/rms (and q's, given q before its norm) over the last axis: the dot and the squares as one sum
+  over the head's elements, its terms combined by a product, so that a GPU splits that one sum over threads (read as
+  sums of their own, each is a loop every thread walks)."""
+  f32 = lambda t: t.cast(dtypes.float32)
+  terms = [f32(q) * f32(keys), f32(raw_keys).square()] + ([f32(raw_q.expand(keys.shape)).square()] if raw_q is not None else [])
+  sums, which = Tensor.stack(*terms, dim=-2).sum(-1), Tensor.arange(len(terms))
+  return (which == 0).where(sums, (sums / q.shape[-1] + (which == 1).where(k_eps, q_eps)).rsqrt()).prod(-1)
+
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
               sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
               q_norm: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None,
@@ -129,16 +138,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
     keys = apply_rope(keys.expand(qg.shape), cos, sin, q_rope[2])
     if own is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  def dots(keys: Tensor) -> Tensor: return (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)
-  # with `by_self` each query's own key (position start_pos + i) is taken off every key: the logits come out less its own
-  if k_norm is None: logits = dots(keys if own is None else keys.cast(dtypes.float32) - own.cast(dtypes.float32))
-  else:   # each key's 1/rms summed for each logit; the own key's term taken off in the same sum over the pair axis, as
-    # a second sum reading q would realize q (rotated) in a kernel of its own
+  if k_norm is None:   # with `by_self` each query's own key (position start_pos + i) is taken off every key
+    logits = (qg.cast(dtypes.float32) * (keys if own is None else keys.cast(dtypes.float32) - own.cast(dtypes.float32)).cast(dtypes.float32)).sum(-1)
+    if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
+  else:   # the query's own key (by_self) beside each key on the leading pair axis, its logit taken off in a sum over it
     first = Tensor.arange(pairs).reshape(pairs, *[1] * (qg.ndim - 1)) == 0
-    pair, raw_pair = (keys, raw_keys) if own is None else (first.where(keys, own), first.where(raw_keys, raw_own))
-    logits = (dots(pair) * rms_scale(raw_pair, k_norm[1]).squeeze(-1)).mul(first.squeeze(-1).where(1.0, -1.0)).sum(0) if pairs == 2 else \
-      dots(pair) * rms_scale(raw_pair, k_norm[1]).squeeze(-1)
-  if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
+    if own is not None: keys, raw_keys = first.where(keys, own), first.where(raw_keys, raw_own)
+    logits = _normed_logits(qg, keys, raw_keys, raw_q if q_norm is not None else None, q_norm[1] if q_norm else 0.0, k_norm[1])
+    if own is not None: logits = (logits * first.squeeze(-1).where(1.0, -1.0)).sum(0)
   logits = logits * scale
   if softcap is not None: logits = (logits / softcap).tanh() * softcap
   kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
