@@ -117,7 +117,7 @@ def matvec_opts(k: Scheduler, rows: int) -> list[Opt]:
   return opts
 
 def _outermost(k: Scheduler):
-  return next(red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges))
+  return next((red for red in k.reduceops if not any(u.arg[-1] is AxisType.REDUCE for u in red.ranges)), k.reduceop)
 
 def _enclosing(red) -> set:
   return {u for u in red.ranges if u.arg[-1] is AxisType.REDUCE}
@@ -224,8 +224,9 @@ def _group(k: Scheduler, arg: tuple, threads: int) -> None:
   opt = Opt(OptOps.GROUP, k.axes_of(AxisType.REDUCE).index(a), threads)
   try: k.apply_opt(opt)
   except KernelOptError:
-    owner = next(red for red in k.reduceops if k.rngs[a] in red.src[1:])
-    if any(u in k.rngs and u.arg[-1] is AxisType.REDUCE and u not in owner.src[1:] for u in owner.ranges): raise
+    rng = k.rngs[a]
+    around = [red for red in k.reduceops if rng not in red.src[1:] and rng in red.src[0].backward_slice_with_self]
+    if not around or any(u in k.rngs and u.arg[-1] is AxisType.REDUCE for red in around for u in red.src[1:]): raise
     k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
     k.applied_opts.append(opt)
 
