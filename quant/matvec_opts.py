@@ -225,8 +225,10 @@ def _group(k: Scheduler, arg: tuple, threads: int) -> None:
   try: k.apply_opt(opt)
   except KernelOptError:
     rng = k.rngs[a]
-    # the reduces around it use its range and do not sit inside it (the sums inside a word do)
-    around = [red for red in k.reduceops if rng not in red.src[1:] and rng not in red.ranges and rng in red.src[0].backward_slice_with_self]
+    # the reduces around it use its range, do not sit inside it (the sums inside a word do) and do not sum over any part
+    # of its axis (opts split an axis into ranges of one first number)
+    def owns(red) -> bool: return any(u is not None and u.op is Ops.RANGE and u.arg[0] == rng.arg[0] for u in red.src[1:])
+    around = [red for red in k.reduceops if not owns(red) and rng not in red.ranges and rng in red.src[0].backward_slice_with_self]
     if not around or any(u in k.rngs and u.arg[-1] is AxisType.REDUCE for red in around for u in red.src[1:]): raise
     k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
     k.applied_opts.append(opt)

@@ -246,6 +246,18 @@ def test_gpu_matvec_of_gate_and_up_pairs(row_upcast, rng: np.random.Generator):
   src = cuda_source(swiglu.of_pairs(lin(x + 1).unflatten(-1, (2, rows))))
   assert src.count("__global__") == 1 and "__shared__" in src and "exp2" in src and "for (" not in src.split("__syncthreads")[0]
 
+def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Generator):
+  """Llama-3.2-1B's gate and up pairs at the H100 profile's 32,2,2,2: the span splits the blocks' axis before GROUP,
+  and the sum over its other part is no reduce around the GROUP (a check that took it for one fell back to tinygrad's
+  heuristic: 3.18 ms a token on the H100 against 0.81, 2bf9c91)."""
+  from ops.activations import swiglu
+  rows = 8192
+  row_upcast(8)
+  lin, _, x = _gate_up_pairs(rows, 2048, rng)
+  with forced_gpu_sizes((32, 2, 2, 2)):
+    opts = cuda_sink(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows)))).arg.applied_opts
+  assert [o.arg for o in opts if o.op is OptOps.GROUP] == [2, 16], opts
+
 def test_gpu_matvec_of_pairs_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """The pair kernel's GROUP sits inside the unrolled product, a split tinygrad's opts refuse and matvec_opts makes
   directly: run on tinygrad's PYTHON device (an emulator with workgroups and shared memory) against float64."""
@@ -259,3 +271,52 @@ def test_gpu_matvec_of_pairs_is_right_with_workgroups(row_upcast, rng: np.random
   assert [o.arg for o in opts if o.op is OptOps.GROUP] and Opt(OptOps.UNROLL, 6, 0) in opts, opts
   g, u = want[:rows], want[rows:]
   np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-4 * np.abs(g * u).max())
+
+def _normed_attention(device: str | None, D: int, rng: np.random.Generator):
+  """A decode step's attention with q and k normalized where read and softmax self (Gemma 3 with layout rows) over a
+  cache of two chunks, as a function of (q, position), and its float64 reference at a position."""
+  from ops.attention import CHUNK, attention
+  from ops.rope import apply_rope, rope_tables
+  Hq, L = 2, 2 * CHUNK
+  q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, Hq, 1, D), (1, 1, L, D), (1, 1, L, D)))
+  wq, wk = rng.standard_normal(D).astype(np.float32), rng.standard_normal(D).astype(np.float32)
+  cos, sin = rope_tables(D, 10000.0, L)
+  kt, vt, wqt, wkt = (Tensor(a, device=device).realize() for a in (k, v, wq, wk))
+  ct, st = cos.to(device).realize(), sin.to(device).realize()
+  def step(qq: Tensor, pos) -> Tensor:
+    return attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), q_norm=(wqt, 1e-6),
+                     key_rope=(ct, st), k_norm=(wkt, 1e-6), softmax="self")
+  def want(pos: int) -> np.ndarray:
+    def normed(a, w): return a / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    qr = apply_rope(Tensor(normed(q, wq).astype(np.float32)), cos[pos:pos + 1], sin[pos:pos + 1], False).numpy().astype(np.float64)
+    kr = apply_rope(Tensor(normed(k[:, :, :pos + 1], wk).astype(np.float32)), cos[:pos + 1], sin[:pos + 1], False).numpy()
+    logits = np.einsum("bhtd,bsd->bhts", qr, kr[:, 0].astype(np.float64)) * D ** -0.5
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v[:, 0, :pos + 1].astype(np.float64)
+  return q, step, want
+
+def test_gpu_normalized_logits_split_over_threads(row_upcast, rng: np.random.Generator):
+  """The logits kernel of normalized q and k under softmax self sums over a pair (each key and the query's own) around a
+  product (dot and squares) around one sum over the head: on the CUDA renderer the short reduces are unrolled and the
+  sum GROUPed over 16 threads, where tinygrad's heuristic left each thread 64 positions' sums in turn (gemma3-270m on
+  an H100: 60 us a layer)."""
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.uop.ops import Ops, UOp
+  row_upcast(8)
+  q, step, _ = _normed_attention(None, 256, rng)
+  out = step(Tensor(q), UOp.variable("pos", 0, 126))
+  logits = next(c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK)   # the first of its kernels
+  opts = full_rewrite_to_sink(logits, cuda_renderer()).arg.applied_opts
+  assert [o.arg for o in opts if o.op is OptOps.GROUP] == [16] and all(o.op in (OptOps.UNROLL, OptOps.GROUP) for o in opts), opts
+
+def test_gpu_normalized_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
+  """Those logits' GROUP sits inside the unrolled reduces (split directly, as tinygrad refuses it): on tinygrad's PYTHON
+  device (workgroups and shared memory) the attention matches float64 at positions past a chunk."""
+  from tinygrad.uop.ops import UOp
+  row_upcast(8)
+  q, step, want = _normed_attention("PYTHON", 128, rng)
+  jit = TinyJit(lambda qq, pos: step(qq, pos).realize())
+  qt = Tensor(q, device="PYTHON").realize()
+  for pos in (66, 67):
+    np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
+  assert any(o.op is OptOps.GROUP for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
