@@ -8,6 +8,8 @@ GB/s each reached:
   hints:
     strategy: packed_words
     norm: break
+  architectures:       # hints for one architecture's models (general.architecture), over the device's
+    gemma3: {norm: fold}
   matvec_sizes:
     2048x4x2x64x4: {sizes: '64,1,2,1', gb_s: 624.9}
 """
@@ -45,29 +47,37 @@ def profile_path(device: str, folder: Path | None = None) -> Path:
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
-def _empty() -> dict: return {"device": None, "hints": {}, "tuned": None, "matvec_sizes": {}}
+def _empty() -> dict: return {"device": None, "hints": {}, "architectures": {}, "tuned": None, "matvec_sizes": {}}
+
+def _hints(path: Path, node: yaml.Node) -> dict:
+  if not isinstance(node, yaml.MappingNode): raise _fail(path, node, "hints maps hint names to values (e.g. norm: break)")
+  out = {}
+  for name, v in node.value:
+    if not isinstance(v, yaml.ScalarNode): raise _fail(path, v, f"hint {name.value}: a value, not a list or mapping")
+    try: out[name.value] = check(name.value, v.value)
+    except ValueError as e: raise _fail(path, name, str(e)) from None
+  return out
 
 def load(path: Path) -> dict:
-  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, S]),
-  'gb_s': float}}}."""
+  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'architectures': {arch: {name: value}},
+  'matvec_sizes': {shape: {'sizes': (T, B, R[, S]), 'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
     raise ProfileError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
   out = _empty()
   if root is None: return out
-  if not isinstance(root, yaml.MappingNode): raise _fail(path, root, "a profile is a mapping of keys (device, hints, tuned, matvec_sizes)")
+  if not isinstance(root, yaml.MappingNode):
+    raise _fail(path, root, "a profile is a mapping of keys (device, hints, architectures, tuned, matvec_sizes)")
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
     elif key.value == "tuned":   # what `tinyzoo tune` reached with the hints: a record, not a setting
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "tuned maps model, tok_s and time to their values")
       out["tuned"] = yaml.safe_load(yaml.serialize(value))
-    elif key.value == "hints":
-      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "hints maps hint names to values (e.g. norm: break)")
-      for name, v in value.value:
-        if not isinstance(v, yaml.ScalarNode): raise _fail(path, v, f"hint {name.value}: a value, not a list or mapping")
-        try: out["hints"][name.value] = check(name.value, v.value)
-        except ValueError as e: raise _fail(path, name, str(e)) from None
+    elif key.value == "hints": out["hints"] = _hints(path, value)
+    elif key.value == "architectures":
+      if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "architectures maps architecture names to their hints")
+      out["architectures"] = {arch.value: _hints(path, hints) for arch, hints in value.value}
     elif key.value == "matvec_sizes":
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "matvec_sizes maps kernel shapes to {sizes: 'T,B,R[,S]', gb_s: N}")
       for shape, entry in value.value:
@@ -75,7 +85,7 @@ def load(path: Path) -> dict:
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
         except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None
-    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, tuned, matvec_sizes)")
+    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, architectures, tuned, matvec_sizes)")
   return out
 
 def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
@@ -92,7 +102,7 @@ def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
 
 def _save(path: Path, profile: dict) -> None:
   sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
-  doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
+  doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "architectures", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text("# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
                  "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
@@ -109,13 +119,18 @@ def use_device_profile(device: str | None = None, folder: Path | None = None) ->
   use_tuned_sizes({shape: e["sizes"] for shape, e in load(path)["matvec_sizes"].items()})
   return path
 
-def profile_hints(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
-  """The hints of this device's profile (in `folder`, default profiles/) and its path; ({}, None) without one."""
+def profile_hints(device: str | None = None, folder: Path | None = None, architecture: str | None = None) -> tuple[dict, Path | None]:
+  """The hints of this device's profile (in `folder`, default profiles/), those of `architecture` over the device's, and
+  its path; ({}, None) without one."""
   path = profile_path(device or device_name(), folder)
-  return (load(path)["hints"], path) if path.exists() else ({}, None)
+  if not path.exists(): return {}, None
+  profile = load(path)
+  return {**profile["hints"], **profile["architectures"].get(architecture, {})}, path
 
 def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> tuple[Hints, Path | None]:
-  """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (unless
-  `profile` is off) over the file's manifest over the defaults; and the profile's path, or None."""
-  hints, path = profile_hints(folder=folder) if profile else ({}, None)
-  return resolve({**from_env(), **runtime}, hints, from_manifest(GGUFFile(model))), path
+  """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (its hints for the
+  model's architecture over its others; unless `profile` is off) over the file's manifest over the defaults; and the
+  profile's path, or None."""
+  g = GGUFFile(model)
+  hints, path = profile_hints(folder=folder, architecture=g.architecture) if profile else ({}, None)
+  return resolve({**from_env(), **runtime}, hints, from_manifest(g)), path

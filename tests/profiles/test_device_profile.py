@@ -35,6 +35,8 @@ def test_save_merges_and_use_applies(tmp_path: Path):
   ("device: x\nhints:\n  strategy: packed_dot,Q6_K=fast\n", ":3: hint strategy: unknown matmul strategy 'fast'"),
   ("device: x\nhints:\n  row_upcast: [8]\n", ":3: hint row_upcast: a value, not a list or mapping"),
   ("device: x\nhints: [norm]\n", ":2: hints maps hint names to values"),
+  ("device: x\narchitectures: [gemma3]\n", ":2: architectures maps architecture names to their hints"),
+  ("device: x\narchitectures:\n  gemma3:\n    norm: folded\n", ":4: hint norm: 'folded' is not one of"),
   ("device: x\nmatvec_sizes:\n  q4_0: {sizes: '1,1,1'}\n", ":3: 'q4_0' is no kernel shape"),
   ("device: x\nmatvec_sizes: [1, 2]\n", ":2: matvec_sizes maps kernel shapes"),
   ("device: [x\n", ":2: not valid YAML"),

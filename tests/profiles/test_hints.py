@@ -55,6 +55,20 @@ def test_resolved_for_a_model_on_this_device(tmp_path: Path, monkeypatch):
   with pytest.raises(ValueError, match=r"m2.gguf: metadata tinyzoo.hints.topk: hint topk"):
     resolve_hints(model_with_manifest(tmp_path / "m2.gguf", topk="heap"), {}, folder=tmp_path)
 
+def test_an_architectures_hints_over_the_devices(tmp_path: Path):
+  """A profile's hints for one architecture apply to its models over the device's; other architectures keep the
+  device's, and saving the profile's hints keeps them."""
+  from profiles.device import load, save_hints
+  model = model_with_manifest(tmp_path / "m.gguf")   # a llama
+  path = profile_path(device_name(), tmp_path)
+  path.write_text("hints:\n  norm: single\n  topk: sort\narchitectures:\n  llama: {norm: fold}\n  gemma3: {norm: break}\n")
+  h = resolve_hints(model, {}, folder=tmp_path)[0]
+  assert {n: (h[n], h.sources[n]) for n in ("norm", "topk")} == {"norm": ("fold", "profile"), "topk": ("sort", "profile")}
+  assert resolve_hints(model, {"norm": "break"}, folder=tmp_path)[0]["norm"] == "break"
+  save_hints(path, device_name(), {"topk": "pairwise"}, {"model": "m", "tok_s": 1.0})
+  assert load(path)["architectures"] == {"llama": {"norm": "fold"}, "gemma3": {"norm": "break"}}
+  assert resolve_hints(model, {}, folder=tmp_path)[0]["norm"] == "fold"
+
 def test_hints_command(tmp_path: Path, monkeypatch, capsys):
   monkeypatch.setattr("profiles.device.PROFILES", tmp_path)   # no profile for this device, whatever runs the test
   model = model_with_manifest(tmp_path / "m.gguf", act_break=False)
