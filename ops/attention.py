@@ -18,8 +18,10 @@ rounded to half (as llama.cpp's half KV cache does). That arithmetic runs on q b
 tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own.
 `q_norm` and `k_norm` (an RMS norm's weight and eps) say q, and the cached keys, arrive before their norm: the weight
 multiplies them as read and their 1/rms the logits (they are linear in q and in each key), each summed once per logit
-for the same reason (a norm before the rotation would be realized: the rotation reads it at two indices). A sink (gpt-oss) is one learned logit per query head that
-joins the softmax denominator and contributes no value.
+for the same reason (a norm before the rotation would be realized: the rotation reads it at two indices). With k_norm
+the dot and the squares are one sum whose terms a product combines (`_normed_logits`), and under softmax self the
+query's own key sits beside each key on a pair axis. A sink (gpt-oss) is one learned logit per query head that joins
+the softmax denominator and contributes no value.
 
 The softmax subtracts a stabilizer from the logits before exp. `softmax="max"` takes their max over positions, a
 kernel of its own: a max read inside the value sum, which sums over positions, would be recomputed for every position.
@@ -139,7 +141,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
     if own is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   if k_norm is None:   # with `by_self` each query's own key (position start_pos + i) is taken off every key
-    logits = (qg.cast(dtypes.float32) * (keys if own is None else keys.cast(dtypes.float32) - own.cast(dtypes.float32)).cast(dtypes.float32)).sum(-1)
+    if own is not None: keys = keys.cast(dtypes.float32) - own.cast(dtypes.float32)
+    logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
     if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
   else:   # the query's own key (by_self) beside each key on the leading pair axis, its logit taken off in a sum over it
     first = Tensor.arange(pairs).reshape(pairs, *[1] * (qg.ndim - 1)) == 0
