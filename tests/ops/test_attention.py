@@ -104,16 +104,22 @@ def test_query_normalized_where_the_logits_read_it(seed, rng):
   got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_norm=(Tensor(w), 1e-6))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
+def ref_normed_attention(q, k, v, wq, wk, cos, sin, start_pos: int) -> np.ndarray:
+  """Float64 attention (ref_attention) over q [B, H, T, D] and the first start_pos + T keys, RMS-normalized (eps 1e-6)
+  with weights wq and wk, then rotated (half-split pairs) at their positions."""
+  S, scale = start_pos + q.shape[2], q.shape[-1] ** -0.5
+  def normed(a, w): return a.astype(np.float64) / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+  def rotated(a, c, s): return apply_rope(Tensor(a.astype(np.float32)), c, s, False).numpy().astype(np.float64)
+  q_rot = rotated(normed(q, wq), cos[start_pos:S], sin[start_pos:S])
+  return ref_attention(q_rot, rotated(normed(k[:, :, :S], wk), cos[:S], sin[:S]), v[:, :, :S], start_pos, scale)
+
 def _normed_keys(rng: np.random.Generator, T: int, start_pos: int):
   """Queries, keys and values, norm weights, and the float64 attention over the q and k normalized, then rotated."""
   q, k, v = (a[:1] for a in qkv(rng, T, start_pos + T))
   wq, wk = (rng.normal(size=D) for _ in range(2))
   cos, sin = rope_tables(D, 10000.0, start_pos + T)
-  def normed(a, w): return a.astype(np.float64) / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
-  def rotated(a, rows): return apply_rope(Tensor(a.astype(np.float32)), *rows, False).numpy().astype(np.float64)
   q_rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], False)
-  want = ref_attention(rotated(normed(q, wq), q_rope[:2]), rotated(normed(k, wk), (cos, sin)), v, start_pos, D ** -0.5)
-  return q, k, v, (wq, wk), (cos, sin), q_rope, want
+  return q, k, v, (wq, wk), (cos, sin), q_rope, ref_normed_attention(q, k, v, wq, wk, cos, sin, start_pos)
 
 @pytest.mark.parametrize("softmax", ["max", "self"])
 @pytest.mark.parametrize("T,start_pos", [(1, 9), (1, CHUNK + 3), (3, 5)], ids=["one-chunk", "two-chunks", "prefill"])

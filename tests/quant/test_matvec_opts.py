@@ -276,7 +276,8 @@ def _normed_attention(device: str | None, D: int, rng: np.random.Generator):
   """A decode step's attention with q and k normalized where read and softmax self (Gemma 3 with layout rows) over a
   cache of two chunks, as a function of (q, position), and its float64 reference at a position."""
   from ops.attention import CHUNK, attention
-  from ops.rope import apply_rope, rope_tables
+  from ops.rope import rope_tables
+  from tests.ops.test_attention import ref_normed_attention
   Hq, L = 2, 2 * CHUNK
   q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, Hq, 1, D), (1, 1, L, D), (1, 1, L, D)))
   wq, wk = rng.standard_normal(D).astype(np.float32), rng.standard_normal(D).astype(np.float32)
@@ -286,13 +287,7 @@ def _normed_attention(device: str | None, D: int, rng: np.random.Generator):
   def step(qq: Tensor, pos) -> Tensor:
     return attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), q_norm=(wqt, 1e-6),
                      key_rope=(ct, st), k_norm=(wkt, 1e-6), softmax="self")
-  def want(pos: int) -> np.ndarray:
-    def normed(a, w): return a / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
-    qr = apply_rope(Tensor(normed(q, wq).astype(np.float32)), cos[pos:pos + 1], sin[pos:pos + 1], False).numpy().astype(np.float64)
-    kr = apply_rope(Tensor(normed(k[:, :, :pos + 1], wk).astype(np.float32)), cos[:pos + 1], sin[:pos + 1], False).numpy()
-    logits = np.einsum("bhtd,bsd->bhts", qr, kr[:, 0].astype(np.float64)) * D ** -0.5
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ v[:, 0, :pos + 1].astype(np.float64)
+  def want(pos: int) -> np.ndarray: return ref_normed_attention(q, k, v, wq, wk, cos, sin, pos)
   return q, step, want
 
 def test_gpu_normalized_logits_split_over_threads(row_upcast, rng: np.random.Generator):
