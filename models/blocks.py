@@ -34,6 +34,13 @@ def down_input(h: Tensor, realize: bool) -> Tensor:
   down experts, timed launched alone on an H100, read 172 GB/s, a third of its gate and up experts' rate."""
   return h.contiguous() if realize else h
 
+def gated_down_input(activation: Gated, gate_up: Tensor, one_token: bool, act_break: bool, act_in_matmul: bool) -> Tensor:
+  """The down matmul's input from joined gate and up rows [..., 2F] (gate first). With `act_in_matmul` (and act_break)
+  it is realized by their matmul's kernel, which sums each gate and up row pair; one token's rows only: a prefill's
+  pair kernel is no matvec to the GPU opts (H100, llama3.2-1b: 2311 -> 1367 prefill tok/s)."""
+  if act_break and act_in_matmul and one_token: return activation.of_pairs(gate_up.unflatten(-1, (2, -1))).contiguous()
+  return down_input(activation(*gate_up.chunk(2, dim=-1)), act_break)
+
 @dataclass(frozen=True)
 class AttentionSpec:
   """How one layer attends: its rope tables and pairing, window, query scale, whether q and k are normalized and whether
@@ -124,11 +131,8 @@ class FeedForward:
     self.activation, self.act_break, self.act_in_matmul = activation, w.act_break, w.act_in_matmul
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
-    if self.act_break and self.act_in_matmul and self.gate_up.joined_linear() is not None and prod(x.shape[:-1]) == 1:
-      # realized by the joined gate and up matmul's kernel, which sums each gate and up row pair (`act_in_matmul`); one
-      # token's row only: a prefill's pair kernel is no matvec to the GPU opts (H100, llama3.2-1b: 2311 -> 1367 prefill tok/s)
-      return self.down(self.activation.of_pairs(self.gate_up.joined(x).unflatten(-1, (2, -1))).contiguous())
-    return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
+    if self.gate_up.joined_linear() is None: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
+    return self.down(gated_down_input(self.activation, self.gate_up.joined(x), prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul))
 
 class Block:
   """Pre-norm residual block; `sandwich` adds the post-attention and post-FFN norms (Gemma: with norm `single` each is

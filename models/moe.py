@@ -1,8 +1,9 @@
 """The mixture-of-experts feed-forward: a router picks k experts per token, only those experts' packed weights are read
 (QuantExperts), their outputs are summed with the routing weights, and shared experts (DeepSeek) are added for every token."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import prod
 from tinygrad import Tensor
-from models.blocks import FeedForward, down_input
+from models.blocks import FeedForward, gated_down_input
 from ops.activations import Gated
 from models.weights import Weights
 from ops.norm import NormedInput
@@ -31,7 +32,7 @@ class MoE:
   """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
   whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
   def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Gated):
-    self.cfg, self.activation, self.topk, self.act_break = cfg, activation, w.topk, w.act_break
+    self.cfg, self.activation, self.topk, self.act_break, self.act_in_matmul = cfg, activation, w.topk, w.act_break, w.act_in_matmul
     E, ff = cfg.n_experts, cfg.ffn_dim
     self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)
     self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias", E) if w.has(f"{prefix}.exp_probs_b.bias") else None
@@ -42,10 +43,12 @@ class MoE:
     self.shared = FeedForward(w, prefix, dim, cfg.n_shared * ff, activation, suffix="_shexp") if cfg.n_shared else None
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
-    if isinstance(x, NormedInput): x = x.value()   # the router and the experts read it
+    """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can."""
     c = self.cfg
-    weights, sel = route(self.router(x), c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
-    xe = x.unsqueeze(-2)   # [B, T, 1, dim]: one input row shared by the k experts
-    gate, up = self.gate_up(xe, sel).chunk(2, dim=-1)
-    out = self.down.mixed(down_input(self.activation(gate, up), self.act_break), sel, weights)
+    logits = self.router.normed(x) if isinstance(x, NormedInput) else self.router(x)
+    weights, sel = route(logits, c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
+    # [B, T, 1, dim]: one input row shared by the k experts
+    gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel) if isinstance(x, NormedInput) else self.gate_up(x.unsqueeze(-2), sel)
+    h = gated_down_input(self.activation, gate_up, prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul)
+    out = self.down.mixed(h, sel, weights)
     return out if self.shared is None else out + self.shared(x)

@@ -29,13 +29,16 @@ kernel of its own: a max read inside the value sum, which sums over positions, w
 logit itself as q.(k - k_self), so the logits kernel computes it and no kernel is added: the same softmax in exact
 arithmetic, and in float32 as long as no logit exceeds the query's own by more than about 130 (exp overflows past
 88 + SELF_MARGIN - ln(positions)), where the max's softmax is exact at any spread. For one query row (a decode step;
-a prefill keeps the max, as the norm `single` does) and not with a sink or a soft cap (not linear in q).
+a prefill keeps the max, as the norm `single` does) and not with a soft cap (not linear in q). A sink's term is
+exp(sink - q.k_self - margin), its own logit of 64 products computed again for each output by the value kernel (a
+sink with normalized q or keys keeps the max).
 """
+from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from tinygrad.uop.ops import sint
 from ops.norm import rms_scale
-from ops.rope import apply_rope
+from ops.rope import pair_swapped, rope_per_element
 
 CHUNK = 64
 VARIANTS = ("chunked", "whole")   # the chunks that hold valid positions, or every chunk allocated
@@ -116,29 +119,40 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
   if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
-  by_self = softmax == "self" and sinks is None and softcap is None and B * T == 1
+  # a sink's logit is met at the query's own logit (not linear in q with a norm on q or the keys)
+  by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
   n = L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
-  keys = _chunks(k, n)
-  # the query heads of each kv head on their own axis, so k and v broadcast instead of being repeated; q is broadcast
-  # against the keys before any arithmetic on it
-  qg = q.reshape(B, Hkv, Hq // Hkv, T, 1, 1, D).expand(B, Hkv, Hq // Hkv, T, *keys.shape[-3:])
-  raw_q = qg
+  G, interleaved = Hq // Hkv, q_rope is not None and q_rope[2]
+  half = 0 if q_rope is None else q_rope[0].shape[-1]
+  if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
+  # q, the query's own key and the keys as views broadcast to a shape, each rotation pair's elements swapped first
+  # where asked (pair_swapped, before any broadcast); the query heads of each kv head on their own axis, so k and v
+  # broadcast instead of being repeated, and q broadcast against the keys before any arithmetic on it
+  def swapped(t: Tensor, swap: bool) -> Tensor: return pair_swapped(t, half, interleaved) if swap else t
+  def queries(shape: tuple, swap: bool = False) -> Tensor: return swapped(q.reshape(B, Hkv, G, T, 1, 1, D), swap).expand(shape)
+  def own_keys(shape: tuple, swap: bool = False) -> Tensor:
+    return swapped(k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D), swap).expand(shape)
+  def cached_keys(shape: tuple, swap: bool = False) -> Tensor: return _chunks(swapped(k, swap), n).expand(shape)
+  def rotated(view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, weight: Tensor | None) -> Tensor:
+    """view(shape) times weight (a norm's), rotated by per-element cos and sin tables (rope_per_element)."""
+    x = view(shape) if weight is None else view(shape) * weight
+    if tables is None: return x
+    x_swapped = view(shape, True) if weight is None else view(shape, True) * pair_swapped(weight, half, interleaved)
+    return x * tables[0] + x_swapped * tables[1]
+  at_queries = None if q_rope is None else tuple(t.reshape(T, 1, 1, D) for t in rope_per_element(*q_rope[:2], interleaved, D))
   # with a key norm, each query's own key (softmax self) is read beside every key on a leading pair axis of q's broadcast
   pairs = 2 if k_norm is not None and by_self else 1
-  if pairs == 2: qg = qg.unsqueeze(0).expand(2, *qg.shape)
-  if q_norm is not None: qg = qg * q_norm[0]
-  if q_rope is not None:
-    cos, sin, interleaved = q_rope
-    qg = apply_rope(qg, cos.reshape(T, 1, 1, -1), sin.reshape(T, 1, 1, -1), interleaved)
-  own = k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D).expand(qg.shape) if by_self else None
-  if k_norm is not None:   # keys as projected: times their norm weight here, their 1/rms on the logits below
-    raw_keys, raw_own = keys.expand(qg.shape), own
-    keys, own = keys * k_norm[0], None if own is None else own * k_norm[0]
-  if key_rope is not None:   # unrotated keys (layout rows), rotated by their positions' rows of the tables as read
-    if q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
-    cos, sin = (_chunks(t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))).reshape(1, 1, L, -1), n) for t in key_rope)
-    keys = apply_rope(keys.expand(qg.shape), cos, sin, q_rope[2])
-    if own is not None: own = apply_rope(own, q_rope[0].reshape(T, 1, 1, -1), q_rope[1].reshape(T, 1, 1, -1), q_rope[2])
+  shape = (B, Hkv, G, T, *_chunks(k, n).shape[-3:])   # n as the shrink simplified it
+  raw_q = queries(shape)
+  if pairs == 2: shape = (2, *shape)
+  qg = rotated(queries, shape, at_queries, None if q_norm is None else q_norm[0])
+  k_weight = None if k_norm is None else k_norm[0]
+  own = rotated(own_keys, shape, at_queries if key_rope is not None else None, k_weight) if by_self else None
+  if key_rope is None: keys = rotated(cached_keys, shape, None, k_weight)
+  else:   # unrotated keys (layout rows), rotated by their positions' rows of the tables as read
+    cos, sin = (t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))) for t in key_rope)
+    keys = rotated(cached_keys, shape, tuple(_chunks(t.reshape(1, 1, L, D), n) for t in rope_per_element(cos, sin, interleaved, D)), k_weight)
+  if k_norm is not None: raw_keys, raw_own = cached_keys(shape), own_keys(shape) if by_self else None   # before the norm's weight
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   if k_norm is None:   # with `by_self` each query's own key (position start_pos + i) is taken off every key
     if own is not None: keys = keys.cast(dtypes.float32) - own.cast(dtypes.float32)
@@ -158,16 +172,28 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   logits = visible.where(logits, float("-inf"))
   # softmax with the division after the value matmul: one kernel fewer than normalizing the weights first.
   # A sink adds exp(sink) to the denominator only.
-  peak = SELF_MARGIN if by_self else logits.max(axis=(-2, -1), keepdim=True)
-  sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, Hq // Hkv, 1, 1, 1)
-  if sink is not None: peak = peak.maximum(sink)
+  sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, G, 1, 1, 1)
+  if by_self:   # a sink meets the logits' stabilizer: the query's logit of its own key (computed again here) plus the margin
+    peak, sink_peak = SELF_MARGIN, None
+    if sink is not None:
+      one = (B, Hkv, G, T, 1, 1, D)
+      qs, ks = rotated(queries, one, at_queries, None), rotated(own_keys, one, at_queries if key_rope is not None else None, None)
+      if k.dtype == dtypes.float16: qs = qs.cast(dtypes.float16)
+      sink_peak = (qs.cast(dtypes.float32) * ks.cast(dtypes.float32)).sum(-1) * scale + SELF_MARGIN
+  else:
+    peak = logits.max(axis=(-2, -1), keepdim=True)
+    if sink is not None: peak = peak.maximum(sink)
+    sink_peak = peak
   e = (logits - peak).exp()
-  sink_term = 0 if sink is None else (sink - peak).squeeze(-1).exp()
+  sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
   vc = _chunks(v, n)
   if v.dtype == dtypes.float32:
-    # the denominator as one more output column of the value matmul (v with a column of ones): one kernel, not two
+    # the denominator as one more output column of the value matmul (v with a column of ones): one kernel, not two;
+    # a sink's term is added to that column in the same kernel
     ev = (e.unsqueeze(-1) * vc.pad(((0, 0),) * (vc.ndim - 1) + ((0, 1),), value=1.0)).sum(axis=(-3, -2))
-    out = ev[..., :-1] / (ev[..., -1:] + sink_term)
+    if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((v.shape[-1], 0),))
+    out = ev[..., :-1] / ev[..., -1:]
   else:   # a half cache (ggml rounding) meets e rounded to half, as llama.cpp does, while the denominator stays float32
-    out = (e.cast(v.dtype).unsqueeze(-1) * vc).sum(axis=(-3, -2), dtype=dtypes.float32) / (e.sum(axis=(-2, -1)).unsqueeze(-1) + sink_term)
+    den = e.sum(axis=(-2, -1)).unsqueeze(-1)
+    out = (e.cast(v.dtype).unsqueeze(-1) * vc).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

@@ -57,13 +57,27 @@ def rope_tables(rot_dims: int, base: float, max_pos: int, yarn: Yarn|None = None
   cos, sin = (Tensor((f(theta) * mscale).astype(np.float32), device=device) for f in (np.cos, np.sin))
   return cos.realize(), sin.realize()
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+def rope_per_element(cos: Tensor, sin: Tensor, interleaved: bool, dims: int) -> tuple[Tensor, Tensor]:
+  """The rows' cos and sin [..., rot_dims/2] as factors for each of a head's `dims` elements [..., dims]: a rotated
+  x is x * cos + pair_swapped(x) * sin (sin signed for the first element of each pair; 1 and 0 past the rotated part)."""
   half = cos.shape[-1]
-  pair_axis = -1 if interleaved else -2
-  pairs = x[..., :2*half].unflatten(-1, (half, 2) if interleaved else (2, half))
-  # (a, b) -> (a cos - b sin, b cos + a sin) as one expression over the pairs and their swap (a flip, a view): written as
-  # two halves joined by a cat, a rotated q that attention reads once per key is made in two kernels, one per half
   sign = (Tensor.arange(2) * 2 - 1).reshape((1, 2) if interleaved else (2, 1))
-  cos, sin = cos.unsqueeze(pair_axis), sin.unsqueeze(pair_axis)
-  rotated = (pairs * cos + pairs.flip(pair_axis) * (sin * sign)).flatten(-2).cast(x.dtype)
-  return rotated.cat(x[..., 2*half:], dim=-1) if 2*half < x.shape[-1] else rotated
+  def each(t: Tensor, signed: bool) -> Tensor: return (t.unsqueeze(-1 if interleaved else -2) * (sign if signed else sign.abs())).flatten(-2)
+  c, s = each(cos, False), each(sin, True)
+  if dims == 2 * half: return c, s
+  rest = ((0, 0),) * (c.ndim - 1) + ((0, dims - 2 * half),)
+  return c.pad(rest, value=1.0), s.pad(rest)
+
+def pair_swapped(x: Tensor, half: int, interleaved: bool) -> Tensor:
+  """x [..., D] with the two elements of each rotation pair of its first 2*half swapped (a view). Attention takes it
+  before x is broadcast over the cache's symbolic number of chunks: a flip of such a tensor indexes it through
+  divisions by that number, which tinygrad does not simplify away, and a GPU computes them for every element."""
+  pairs = x[..., :2 * half].unflatten(-1, (half, 2) if interleaved else (2, half))
+  swapped = pairs.flip(-1 if interleaved else -2).flatten(-2)
+  return swapped.cat(x[..., 2 * half:], dim=-1) if 2 * half < x.shape[-1] else swapped
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+  # (a, b) -> (a cos - b sin, b cos + a sin) as one expression over x and its swapped pairs: written as two halves
+  # joined by a cat, a rotated q that attention reads once per key is made in two kernels, one per half
+  c, s = rope_per_element(cos, sin, interleaved, x.shape[-1])
+  return (x * c + pair_swapped(x, cos.shape[-1], interleaved) * s).cast(x.dtype)

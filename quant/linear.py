@@ -66,6 +66,13 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   """w [..., O, in], x [..., in] -> [..., O]"""
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
+def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
+  """WordBlocks.dot_and_squares over float weights w [..., O, in] (with sel, [experts, O, in]): x [..., in] -> [..., O, 2]."""
+  if sel is not None: w = w[sel]
+  xr = x.unsqueeze(-2)
+  dots = (xr if scale is None else xr * scale) * w
+  return dots.unsqueeze(-2).cat(xr.expand(dots.shape).square().unsqueeze(-2), dim=-2).sum(-1)
+
 class _PackedWeight:
   def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact"):
     _check_strategy(strategy)
@@ -79,6 +86,20 @@ class _PackedWeight:
     """What the matmul reads on the device."""
     if self.cache is not None: return [self.cache]
     return self.words.tensors if self.words is not None else [self.weight.blocks]
+
+  def _folds(self, n: NormedInput) -> bool:
+    """Whether a norm folds in: one row of x, exact activations, and words or float weights read as they are stored."""
+    read_as_stored = self.words is not None or (self.weight.format.block_elems == 1 and self.strategy in ("packed_dot", "packed_words"))
+    return read_as_stored and self.rounding == "exact" and prod(n.x.shape[:-1]) == 1
+
+  def _normed_dot(self, n: NormedInput, sel: Tensor | None = None) -> Tensor:
+    """The matmul of n's value with its norm folded in (`normed`), in float32 without the bias."""
+    x, scale = n.x.cast(dtypes.float32), None if n.weight is None else n.weight.cast(dtypes.float32)
+    both = self.words.dot_and_squares(x, scale, sel) if self.words is not None else \
+      dense_dot_and_squares(self.weight.dequantize(), x, scale, sel)
+    # a product over the pair axis: taking the two halves of the sum would realize it, and its readers (the KV cache
+    # write of layout rows, act_in_matmul's product) in kernels of their own
+    return (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
 
   def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
     x = round_activations(x, self.weight.ggml_type, self.rounding)
@@ -100,12 +121,8 @@ class QuantLinear(_PackedWeight):
     exact: each row's dot with x * weight is scaled by 1/rms(x) afterwards, the sum of squares coming from the same
     reduce. A matmul of several rows (a prefill) reads the norm as before: tinygrad's GPU heuristic handles its
     [rows, positions, 2] output badly (an H100 prefilled 10x slower)."""
-    if self.words is None or self.rounding != "exact" or prod(n.x.shape[:-1]) > 1: return self(n.value())
-    x = n.x.cast(dtypes.float32)
-    both = self.words.dot_and_squares(x, None if n.weight is None else n.weight.cast(dtypes.float32))
-    # a product over the pair axis: taking the two halves of the sum would realize it, and its readers (the KV cache
-    # write of layout rows, act_in_matmul's product) in kernels of their own
-    y = (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
+    if not self._folds(n): return self(n.value())
+    y = self._normed_dot(n)
     return (y if self.bias is None else y + self.bias).cast(n.x.dtype)
 
 class QuantExperts(_PackedWeight):
@@ -114,6 +131,12 @@ class QuantExperts(_PackedWeight):
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
     y = self._matmul(x, sel)
     return y if self.bias is None else y + self.bias[sel]
+
+  def normed(self, n: NormedInput, sel: Tensor) -> Tensor:
+    """self(n.value(), sel), the norm folded in as QuantLinear.normed does: x [..., 1, in] of one token."""
+    if not self._folds(n): return self(n.value(), sel)
+    y = self._normed_dot(n, sel)
+    return (y if self.bias is None else y + self.bias[sel]).cast(n.x.dtype)
 
   def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""

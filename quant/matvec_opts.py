@@ -140,12 +140,12 @@ def reduce_axes(k: Scheduler) -> tuple[int, int | None, list[int]]:
   """A matvec's reduce axes: over a row's blocks, over a block's words (a packed_words matvec sums each word before
   scaling it: a reduce inside the outer one; None for a flat reduce), and the rest. The blocks are the longest axis of
   the outer reduce and the words its last (the innermost in memory; the same axis where tinygrad merged the two)."""
-  reduces, outer = k.axes_of(AxisType.REDUCE), set(_outer_reduce(k).src[1:])
+  pairs, outer = _pair_products(k), set(_outer_reduce(k).src[1:])
+  reduces = [a for a in k.axes_of(AxisType.REDUCE) if k.rngs[a] not in pairs]
   outers = [a for a in reduces if k.rngs[a] in outer]
   blocks = max(outers, key=lambda a: k.full_shape[a])
   words = outers[-1] if len(outers) < len(reduces) else None
-  pairs = _pair_products(k)
-  return blocks, words, [a for a in reduces if a not in (blocks, words) and k.rngs[a] not in pairs]
+  return blocks, words, [a for a in reduces if a not in (blocks, words)]
 
 def word_elements(k: Scheduler) -> int:
   """The elements summed inside one word of a packed_words matvec (the largest of its inner sums: a folded norm has
@@ -301,6 +301,36 @@ def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   for r in sums: _group_divisor(tuned, r.arg, CHUNK_THREADS)
   return _tinygrad_heuristic(tuned)
 
+LOGIT_LANES, LOGIT_POSITIONS = 8, 16
+
+def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
+  """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
+  over the valid part of a KV cache, ops/attention.py). tinygrad's heuristic merged the chunks into one launch axis
+  with the kv heads: gpt-oss-20b's logits ran as 6 workgroups, each thread rotating a key again for each query head
+  that reads it (27 us a block on an H100). This gives a thread one position's logits for all the query heads of its
+  group (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements of a head
+  (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum (a
+  rotation's pair axis, then up to 4 elements a thread). None for other kernels."""
+  if k.reduceop is None: return None
+  outputs, reduces = k.axes_of(AxisType.GLOBAL, AxisType.WEAK), k.axes_of(AxisType.REDUCE)
+  chunks = [a for a in outputs if not isinstance(k.full_shape[a], int)]
+  if len(chunks) != 1 or not reduces or not all(isinstance(k.full_shape[a], int) for a in reduces): return None
+  positions = next((a for a in outputs if a > chunks[0]), None)
+  if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE}
+  keyed = [idx for b in k.bufs if b not in stored and k.rngs[positions] in (idx := b.src[1].get_idx().backward_slice_with_self)]
+  group = [a for a in outputs if a not in (chunks[0], positions) and isinstance(n := k.full_shape[a], int) and 1 < n <= 16
+           and not any(k.rngs[a] in idx for idx in keyed)]
+  longest = max(reduces, key=lambda a: k.full_shape[a])
+  tuned, arg = k.copy(), k.rngs[longest].arg
+  for r in [k.rngs[a] for a in reduces if a != longest]:
+    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
+  _group_divisor(tuned, arg, LOGIT_LANES)
+  _unroll_steps(tuned, arg)
+  for r in [k.rngs[a] for a in group]: tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), 0))
+  tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
+  return tuned
+
 FULL_REDUCE_THREADS = 256
 
 def gpu_full_reduce(k: Scheduler) -> Scheduler | None:
@@ -320,6 +350,6 @@ def _optimize(k: Scheduler) -> Scheduler:
   try:
     if not k.ren.has_local: tuned = _cpu_matvec(k)
     elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *gpu_matvec_sizes(k))
-    else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k)
+    else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
   except KernelOptError: tuned = None
   return tuned if tuned is not None else _tinygrad_heuristic(k)

@@ -102,13 +102,13 @@ class WordBlocks:
     if self.m is not None: y = y + self._per_word(self.m, sel).cast(dtypes.float32) * xs
     return y.flatten(-2)
 
-  def dot_and_squares(self, x: Tensor, scale: Tensor | None) -> Tensor:
+  def dot_and_squares(self, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
     """x [..., in] -> [..., O, 2]: each row's dot with x * scale, and beside it the sum of x's squares (the same for
     every row), in one reduce. An RMS norm of x is thereby folded into the matmul that reads it: no kernel of its own
     sums the squares. On a GPU the axis of the two sums is upcast (quant/matvec_opts.py), so a thread computes both
-    from the x it loads."""
-    dots, xb = self._word_dots(self._blocked(x if scale is None else x * scale), None), self._blocked(x)
-    squares = xb.expand(*xb.shape[:-5], dots.shape[-2], *xb.shape[-4:])   # broadcast first: squared where it is read
+    from the x it loads. With sel, as `dot`: x [..., 1, in] -> [..., k, O, 2]."""
+    dots, xb = self._word_dots(self._blocked(x if scale is None else x * scale), sel), self._blocked(x)
+    squares = xb.expand(*dots.shape[:-1], *xb.shape[-4:])   # broadcast first: squared where it is read
     squares = (squares * squares).sum(axis=(-2, -1)).flatten(-2)
     return dots.unsqueeze(-2).cat(squares.unsqueeze(-2), dim=-2).sum(axis=-1)   # [..., O, 2, nb * words] -> [..., O, 2]
 

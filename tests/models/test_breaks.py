@@ -19,14 +19,14 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   ids = rng.integers(3, 1000, size=5).tolist()
   base, kernels = decode(path, ids, act_break=False)
   blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
-  # a folded norm saves its kernel where a dense matmul reads it: both of Llama's, GPT-OSS's attention norm (MoE reads its own)
-  folded = blocks if preset.startswith("gpt-oss") else 2 * blocks
+  # a folded norm saves its kernel where the matmuls read it: both of Llama's, and GPT-OSS's (its router and gate and up
+  # experts each sum the FFN norm's squares beside their dots)
   # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream,
   # and its q and k norms where the logits and the cache write read them; `fold` does that too, beside its folded norms
   single = -4 * blocks if preset.startswith("gemma") else 0
   for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm": "break"}, 2 * blocks + 1),
                         ({"act_break": False, "norm": "single"}, single),
-                        ({"act_break": False, "norm": "fold"}, single - folded)):
+                        ({"act_break": False, "norm": "fold"}, single - 2 * blocks)):
     got, n = decode(path, ids, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")
     assert n == kernels + added, f"{breaks}: {n} kernels against {kernels} without"

@@ -44,16 +44,18 @@ def test_a_row_cache_written_by_the_qkv_matmul_saves_a_kernel_a_block(tmp_path, 
   assert outs["rows"][1] == outs["heads"][1]
   assert outs["rows"][2] == outs["heads"][2] - saved * rt.cfg.n_layers
 
-@pytest.mark.parametrize("preset, norm, per_block", [("llama3.2-1b-tiny", "single", 8), ("llama3.2-1b-tiny", "fold", 6),
-                                                     ("gemma3-270m-tiny", "fold", 8)])
-def test_decodes_in_eight_kernels_a_block_or_fewer(tmp_path, preset, norm, per_block):
+@pytest.mark.parametrize("preset, quant, norm, per_block", [("llama3.2-1b-tiny", "Q8_0", "single", 8), ("llama3.2-1b-tiny", "Q8_0", "fold", 6),
+                                                            ("gemma3-270m-tiny", "Q8_0", "fold", 8), ("gpt-oss-20b-tiny", None, "fold", 8)])
+def test_decodes_in_eight_kernels_a_block_or_fewer(tmp_path, preset, quant, norm, per_block):
   """With the row cache, the softmax stabilized by each query's own logit and the activation computed by the gate and up
   matmul's kernel, a Llama block is 8 kernels with the norm realized by one kernel (norm, q/k/v into the cache, logits,
   values, output projection, norm, gate+up with the activation, down), 6 with the norms folded into the matmuls that
   read them; a Gemma 3 block with folded norms is 8 (its post norms each a kernel, its q and k norms applied where the
-  logits read them): the issue's bound. The logits and greedy tokens over a prompt and steps that cross a chunk
-  boundary stay those of the default kernels."""
-  path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
+  logits read them); a GPT-OSS block (MXFP4 experts, a float32 router) is 8: q/k/v into the cache, logits, values with
+  the sinks' terms, output projection, router, top-k, gate+up experts with the activation, down experts, its norms
+  folded into the router and the experts. The issue's bound. The logits and greedy tokens over a prompt and steps that
+  cross a chunk boundary stay those of the default kernels."""
+  path = synthesize(preset, tmp_path / f"{preset}.gguf", quant=quant)
   outs = {}
   for name, hints in (("default", {}), ("eight", dict(norm=norm, kv_layout="rows", softmax="self", act_in_matmul=True))):
     rt = Runtime(path, max_context=160, progress=False, strategy="packed_words", **hints)

@@ -175,21 +175,24 @@ def test_a_row_cache_holds_each_positions_projections(seed, rng):
   np.testing.assert_array_equal(v.numpy()[0, :, 3:5], qkv_rows[0, :, HQ * D + HKV * D:].reshape(2, HKV, DV).transpose(1, 0, 2))
   assert not k.numpy()[0, :, :3].any() and not v.numpy()[0, :, 5:].any()
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("layout", ["heads", "rows"])
 @pytest.mark.parametrize("start_pos", [0, 9, CHUNK + 3], ids=["first", "one-chunk", "two-chunks"])
-def test_softmax_stabilized_by_the_querys_own_logit(seed, rng, layout, start_pos):
+def test_softmax_stabilized_by_the_querys_own_logit(seed, rng, layout, start_pos, sinks):
   """softmax=self: a decode step's logits less the query's logit of its own key (its key rotated as read, with layout
-  rows) give the float64 softmax, as the max does."""
+  rows) give the float64 softmax, as the max does; a sink's term is met at the same stabilizer."""
   q, k, v = (a[:1] for a in qkv(rng, 1, start_pos + 1))   # one query row: a decode step
+  sink = rng.normal(size=HQ).astype(np.float32) * 2 if sinks else None
   cos, sin = rope_tables(D, 10000.0, start_pos + 2)
   q_rope = (cos[start_pos:start_pos + 1], sin[start_pos:start_pos + 1], False)
   k_rot = apply_rope(Tensor(k), cos[:start_pos + 1], sin[:start_pos + 1], False).numpy()
   q_rot = apply_rope(Tensor(q), *q_rope).numpy()
   ks = in_cache(rng, k if layout == "rows" else k_rot, 2)
   got = attention(Tensor(q), ks, in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope, softmax="self",
-                  key_rope=(cos, sin) if layout == "rows" else None)
+                  key_rope=(cos, sin) if layout == "rows" else None, sinks=None if sink is None else Tensor(sink))
   # float32: the rotations of each key and of the query's own are rounded apart (outputs of unit size)
-  np.testing.assert_allclose(got.numpy(), ref_attention(q_rot, k_rot, v, start_pos, D ** -0.5), rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
+  np.testing.assert_allclose(got.numpy(), ref_attention(q_rot, k_rot, v, start_pos, D ** -0.5, sinks=sink), rtol=1e-5, atol=1e-5,
+                             err_msg=f"seed={seed}")
 
 @pytest.mark.parametrize("spread", [0.0, 30.0, SELF_MARGIN + 60])
 def test_softmax_by_self_holds_a_spread_of_logits(seed, rng, spread):
@@ -202,13 +205,16 @@ def test_softmax_by_self_holds_a_spread_of_logits(seed, rng, spread):
   assert np.isfinite(got).all()
   np.testing.assert_allclose(got, ref_attention(q, k, v, start_pos, D ** -0.5), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
-def test_softmax_by_self_saves_the_max_kernel(rng):
-  """A decode step's attention over a cache: the self stabilizer is one kernel fewer than the max (a kernel of its own)."""
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_softmax_by_self_saves_the_max_kernel(rng, sinks):
+  """A decode step's attention over a cache: the self stabilizer is one kernel fewer than the max (a kernel of its own),
+  with a sink too (its term computed by the value kernel)."""
   q, k, v = (a[:1] for a in qkv(rng, 1, 40))
   ks, vs = in_cache(rng, k, 2).realize(), in_cache(rng, v, 2).realize()
+  sink = Tensor(rng.normal(size=HQ).astype(np.float32)).realize() if sinks else None
   counts = {}
   for softmax in ("max", "self"):
-    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax).realize())
+    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax, sinks=sink).realize())
     for pos in (30, 31, 32): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
     counts[softmax] = len(jit.captured.linear.src)
   assert counts["self"] == counts["max"] - 1, counts

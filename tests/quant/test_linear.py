@@ -44,11 +44,11 @@ def test_matvec_is_one_kernel(t: T, strategy: str, rng: np.random.Generator):
   assert count_kernels(jit) == (2 if strategy == "split" else 1)
 
 @pytest.mark.parametrize("strategy", ["packed_words", "packed_dot"])
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.Q4_K, T.F32], ids=lambda t: t.name)
 def test_normed_matches_the_norm_then_the_matmul(t: T, strategy: str, rng: np.random.Generator):
   """normed(NormedInput(x, g, eps)) is the matmul of rms_norm(x) * g against float64 numpy, whether the squares are
-  summed beside the dots (words: Q4_0, Q4_1, Q8_0, MXFP4) or the norm is read as before (tests/models/test_breaks.py
-  counts the kernels the fold saves in a model)."""
+  summed beside the dots (words: Q4_0, Q4_1, Q8_0, MXFP4; float weights) or the norm is read as before
+  (tests/models/test_breaks.py counts the kernels the fold saves in a model)."""
   raw = random_blocks(t, (OUT, IN), rng, scale=0.1)
   w = reference_weights(raw, t, (OUT, IN), strategy)
   lin = QuantLinear(QTensor.from_bytes(raw, t, (OUT, IN)), bias=Tensor(bias := rng.standard_normal(OUT).astype(np.float32)), strategy=strategy)
@@ -75,6 +75,23 @@ def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Gener
     bound = np.stack([np.stack([np.abs(w[e]) @ np.abs(x[i, min(j, x.shape[1] - 1)]) for j, e in enumerate(row)]) for i, row in enumerate(sel)])
     assert got.shape == (3, K, OUT)
     assert_fp32_close(got, want, bound, f"{t.name} {strategy} x {x.shape}")
+
+@pytest.mark.parametrize("strategy", ["packed_words", "packed_dot"])
+@pytest.mark.parametrize("t", [T.MXFP4, T.Q8_0, T.F32, T.Q5_K], ids=lambda t: t.name)
+def test_experts_normed_match_the_norm_then_the_experts(t: T, strategy: str, rng: np.random.Generator):
+  """experts.normed(NormedInput(x, g, eps), sel) for one token: each selected expert's matmul of rms_norm(x) * g plus
+  its bias, the norm folded in (words, float weights) or read as before (Q5_K), against float64 numpy."""
+  raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (E, OUT, IN), strategy)
+  bias = rng.standard_normal((E, OUT)).astype(np.float32)
+  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy=strategy)
+  sel, g, eps = rng.choice(E, size=(1, K), replace=False).astype(np.int32), rng.standard_normal(IN).astype(np.float32), 1e-5
+  x = rng.standard_normal((1, 1, IN)).astype(np.float32) * 3
+  normed = (x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * g)[0, 0]
+  got = experts.normed(NormedInput(Tensor(x), Tensor(g), eps), Tensor(sel)).numpy()
+  assert got.shape == (1, K, OUT)
+  assert_fp32_close(got[0], np.stack([w[e] @ normed + bias[e] for e in sel[0]]),
+                    np.stack([np.abs(w[e]) @ np.abs(normed) + np.abs(bias[e]) for e in sel[0]]), f"{t.name} {strategy}")
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.MXFP4, T.Q5_K], ids=lambda t: t.name)

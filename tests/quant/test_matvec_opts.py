@@ -315,3 +315,50 @@ def test_gpu_normalized_logits_are_right_with_workgroups(row_upcast, rng: np.ran
   for pos in (66, 67):
     np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
   assert any(o.op is OptOps.GROUP for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
+
+def _rotated_attention(device: str | None, rng: np.random.Generator):
+  """A decode step's attention over a row cache of two chunks (keys rotated as read), two kv heads of four query heads
+  each with a sink, softmax self (GPT-OSS with layout rows), as a function of (q, position), and its float64 reference."""
+  from ops.attention import CHUNK, attention
+  from ops.rope import apply_rope, rope_tables
+  from tests.ops.test_attention import ref_attention
+  Hkv, G, D, L = 2, 4, 64, 2 * CHUNK
+  q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, Hkv * G, 1, D), (1, Hkv, L, D), (1, Hkv, L, D)))
+  sinks = rng.standard_normal(Hkv * G).astype(np.float32)
+  cos, sin = rope_tables(D, 10000.0, L)
+  kt, vt, skt, ct, st = (t.to(device).realize() for t in (Tensor(k), Tensor(v), Tensor(sinks), cos, sin))
+  def step(qq: Tensor, pos) -> Tensor:
+    return attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), key_rope=(ct, st),
+                     sinks=skt, softmax="self")
+  def want(pos: int) -> np.ndarray:
+    k_rot = apply_rope(Tensor(k[:, :, :pos + 1]), cos[:pos + 1], sin[:pos + 1], False).numpy()
+    q_rot = apply_rope(Tensor(q), cos[pos:pos + 1], sin[pos:pos + 1], False).numpy()
+    return ref_attention(q_rot, k_rot, v[:, :, :pos + 1], pos, D ** -0.5, sinks=sinks)
+  return q, step, want
+
+def test_gpu_rotated_logits_share_each_key_over_the_query_group(row_upcast, rng: np.random.Generator):
+  """The logits over rotated keys (a symbolic number of chunks among the outputs): on the CUDA renderer a thread takes
+  one position for the four query heads of its group (each key loaded and rotated once for them), 8 threads a head's
+  elements and 16 positions a workgroup, where tinygrad's heuristic ran gpt-oss-20b's as 6 workgroups (27 us a block
+  on an H100); its loads index no division by the number of chunks (a flip of q or a key broadcast over it did)."""
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.uop.ops import Ops, UOp
+  row_upcast(8)
+  q, step, _ = _rotated_attention(None, rng)
+  out = step(Tensor(q), UOp.variable("pos", 0, 126))
+  logits = next(c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK)   # the first of its kernels
+  assert not any("//(" in b.src[1].get_idx().render() for b in logits.toposort() if b.op is Ops.INDEX)   # by constants only
+  opts = full_rewrite_to_sink(logits, cuda_renderer()).arg.applied_opts
+  assert Opt(OptOps.GROUP, 0, 8) in opts and Opt(OptOps.LOCAL, 2, 16) in opts and Opt(OptOps.UPCAST, 1, 0) in opts, opts
+
+def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
+  """That attention, sinks met at the query's own logit, on tinygrad's PYTHON device (workgroups and shared memory)
+  against float64 at positions past a chunk."""
+  from tinygrad.uop.ops import UOp
+  row_upcast(8)
+  q, step, want = _rotated_attention("PYTHON", rng)
+  jit = TinyJit(lambda qq, pos: step(qq, pos).realize())
+  qt = Tensor(q, device="PYTHON").realize()
+  for pos in (66, 67):
+    np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
+  assert any(o.op is OptOps.LOCAL for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
