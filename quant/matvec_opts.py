@@ -245,14 +245,19 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   if shape in _tuned: return _tuned[shape]
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
+  # pairs of weight rows (gate and up), which index the weights; a folded norm's pair is a dot and x's squares
+  reads = [b.src[1].get_idx().backward_slice_with_self for b in k.bufs]
+  row_pairs = sum(any(pair in r for r in reads) for pair in _pair_products(k))
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
-                           len(_pair_products(k)))   # type: ignore[arg-type]
+                           row_pairs)   # type: ignore[arg-type]
 
 def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
   reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`. A row of a pair
-  product is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on an H100: its
-  gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6)."""
+  product of weight rows is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on
+  an H100: its gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6). A folded norm's squares are not counted:
+  x's, shared by a thread's rows (gpt-oss-20b's folded gate and up experts at 64,1,1,2 310.2 tok/s, 64,1,2,2 with its
+  folded q/k/v at 64,1,4,4 336.7)."""
   if word:
     half = 2 if rows <= 2048 else 1
     span = max(1, SPAN_ELEMENTS // half // word)
