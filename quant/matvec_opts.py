@@ -245,24 +245,26 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   if shape in _tuned: return _tuned[shape]
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
-  # pairs of weight rows (gate and up), which index the weights; a folded norm's pair is a dot and x's squares
+  # pairs of weight rows (gate and up) index the weights; a folded norm's pair is a dot and x's squares
   reads = [b.src[1].get_idx().backward_slice_with_self for b in k.bufs]
-  row_pairs = sum(any(pair in r for r in reads) for pair in _pair_products(k))
+  pairs = _pair_products(k)
+  row_pairs = sum(any(pair in r for r in reads) for pair in pairs)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
-                           row_pairs)   # type: ignore[arg-type]
+                           row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
 
-def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0) -> Sizes:
+def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
   reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`. A row of a pair
   product of weight rows is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on
-  an H100: its gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6). A folded norm's squares are not counted:
-  x's, shared by a thread's rows (gpt-oss-20b's folded gate and up experts at 64,1,1,2 310.2 tok/s, 64,1,2,2 with its
-  folded q/k/v at 64,1,4,4 336.7)."""
+  an H100: its gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6). A folded norm's `squares` (of x, shared
+  by a thread's rows) halve them only up to 2048 rows, whose kernels need the workgroups (on an H100 gemma3-270m's
+  folded q/k/v, 1536 rows, at 64,1,1,2 1673.8 tok/s against 1388.3 and 990.8 at 64,1,2,2; gpt-oss-20b's, 5120 rows,
+  at 64,1,4,4 with its folded gate and up experts at 64,1,2,2 336.7, against 310.2 at 64,1,2,4 and 64,1,1,2)."""
   if word:
     half = 2 if rows <= 2048 else 1
     span = max(1, SPAN_ELEMENTS // half // word)
     threads = min(64, steps // span)
-    return threads, max(1, 64 // threads), max(1, 4 // half >> pairs), span
+    return threads, max(1, 64 // threads), max(1, 4 // half >> (pairs + (squares and half == 2))), span
   # a thread's rows share its activation loads, but few rows (a MoE router's) need one a thread to fill the GPU
   per_thread, threads = (1 if inner >= 32 or rows < 1024 else 4), 16
   while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
