@@ -47,8 +47,9 @@ class MoE:
     c = self.cfg
     logits = self.router.normed(x) if isinstance(x, NormedInput) else self.router(x)
     weights, sel = route(logits, c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
-    # [B, T, 1, dim]: one input row shared by the k experts
-    gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel) if isinstance(x, NormedInput) else self.gate_up(x.unsqueeze(-2), sel)
+    # one input row [B, T, 1, dim] shared by the k experts
+    if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)
+    else: gate_up = self.gate_up(x.unsqueeze(-2), sel)
     h = gated_down_input(self.activation, gate_up, prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul)
     out = self.down.mixed(h, sel, weights)
     return out if self.shared is None else out + self.shared(x)
