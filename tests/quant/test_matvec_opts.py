@@ -362,3 +362,18 @@ def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random
   for pos in (66, 67):
     np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
   assert any(o.op is OptOps.LOCAL for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
+
+@pytest.mark.parametrize("rows, per_thread", [(5120, 4), (1536, 1)])
+def test_gpu_folded_norm_halves_rows_only_for_small_kernels(rows: int, per_thread: int, row_upcast, rng: np.random.Generator):
+  """A folded norm's pair (the dot and x's squares) is no pair of weight rows: a thread keeps the rows of the unfolded
+  matvec above 2048 rows (gpt-oss-20b's folded q/k/v at 4 rows 336.7 tok/s on an H100, against 310.2 at 2) and takes
+  half of them up to 2048 (gemma3-270m's 1536 at 1 row 1673.8, against 1388.3 at 2)."""
+  from ops.norm import NormedInput
+  row_upcast(8)
+  cols = 512
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q8_0, (rows, cols), rng), T.Q8_0, (rows, cols)), strategy="packed_words")
+  x, g = (Tensor(rng.standard_normal(s, dtype=np.float32)).realize() for s in ((1, cols), (cols,)))
+  opts = cuda_sink(lin.normed(NormedInput(x, g, 1e-5))).arg.applied_opts
+  upcasts = [o.arg for o in opts if o.op is OptOps.UPCAST and o.axis == 0]
+  assert upcasts == ([per_thread] if per_thread > 1 else []), opts
+  assert builtin_gpu_sizes(rows, 128, 1, 4)[2] == (per_thread if rows > 2048 else 2 * per_thread)
