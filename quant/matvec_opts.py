@@ -87,6 +87,11 @@ def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
   heuristic.hand_coded_optimizations = _optimize if rows else _tinygrad_heuristic
   PARALLEL.value = 0 if rows else _tinygrad_parallel
 
+def _indices(k: Scheduler, loads: bool = False) -> list:
+  """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
+  return [b.src[1].get_idx().backward_slice_with_self for b in k.bufs if b not in stored]
+
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
   size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it only
@@ -99,7 +104,7 @@ def matvec_row_axis(k: Scheduler) -> int | None:
   rows = outputs if len(outputs) == 1 else [a for a in outputs if k.full_shape[a] >= 64]
   if len(rows) != 1 or prod(k.full_shape[a] for a in outputs if a != rows[0]) > MAX_SHORT_OUTPUTS: return None
   row, reduces = k.rngs[rows[0]], k.ranges_of(AxisType.REDUCE)
-  reads = [b.src[1].get_idx().backward_slice_with_self for b in k.bufs]
+  reads = _indices(k)
   weights = any(row in r for r in reads)
   broadcast = any(row not in r and any(red in r for red in reduces) for r in reads)
   return rows[0] if weights and broadcast else None
@@ -190,7 +195,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   # thread reads its inputs once for all of them
   for a in reversed(tuned.axes_of(AxisType.GLOBAL)):
     if a != axis and isinstance(n := tuned.full_shape[a], int) and 1 < n <= MAX_SHORT_OUTPUTS and \
-       sum(tuned.rngs[a] in b.src[1].get_idx().backward_slice_with_self for b in tuned.bufs) == 1:
+       sum(tuned.rngs[a] in idx for idx in _indices(tuned)) == 1:
       tuned.apply_opt(Opt(OptOps.UPCAST, a, n))
   # each sum inside a thread's words on its own (a packed_words matvec has two over the same elements, its products and
   # x's sum): a budget shared by both would leave a loop of the first. Axes of the outer sum left inside a thread (the
@@ -246,9 +251,8 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
   # pairs of weight rows (gate and up) index the weights; a folded norm's pair is a dot and x's squares
-  reads = [b.src[1].get_idx().backward_slice_with_self for b in k.bufs]
-  pairs = _pair_products(k)
-  row_pairs = sum(any(pair in r for r in reads) for pair in pairs)
+  pairs, indices = _pair_products(k), _indices(k)
+  row_pairs = sum(any(pair in idx for idx in indices) for pair in pairs)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
                            row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
 
@@ -258,7 +262,7 @@ def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: i
   product of weight rows is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on
   an H100: its gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6). A folded norm's `squares` (of x, shared
   by a thread's rows) halve them only up to 2048 rows, whose kernels need the workgroups (on an H100 gemma3-270m's
-  folded q/k/v, 1536 rows, at 64,1,1,2 1673.8 tok/s against 1388.3 and 990.8 at 64,1,2,2; gpt-oss-20b's, 5120 rows,
+  folded q/k/v, 1536 rows, at 64,1,1,2 1673.8 tok/s against 1388.3 and 990.7 at 64,1,2,2; gpt-oss-20b's, 5120 rows,
   at 64,1,4,4 with its folded gate and up experts at 64,1,2,2 336.7, against 310.2 at 64,1,2,4 and 64,1,1,2)."""
   if word:
     half = 2 if rows <= 2048 else 1
@@ -324,8 +328,7 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   if len(chunks) != 1 or not reduces or not all(isinstance(k.full_shape[a], int) for a in reduces): return None
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
-  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE}
-  keyed = [idx for b in k.bufs if b not in stored and k.rngs[positions] in (idx := b.src[1].get_idx().backward_slice_with_self)]
+  keyed = [idx for idx in _indices(k, loads=True) if k.rngs[positions] in idx]
   group = [a for a in outputs if a not in (chunks[0], positions) and isinstance(n := k.full_shape[a], int) and 1 < n <= 16
            and not any(k.rngs[a] in idx for idx in keyed)]
   longest = max(reduces, key=lambda a: k.full_shape[a])
