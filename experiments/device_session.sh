@@ -10,6 +10,7 @@
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
+#   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
 # A check, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each
 # (check takes --norm, --kv-layout, --act-in-matmul and --softmax alone).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
@@ -59,6 +60,9 @@ for item in "$@"; do
                JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&
            python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu "${flags[@]}" > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
+    ncu-peer:*) file=$(model "${step#ncu-peer:}") && llama_bench_ready && [ -n "${LLAMA_BENCH:-}" ] &&
+                python3 -m experiments.peer_llamacpp "$file" --ncu-llama-bench "$LLAMA_BENCH" --prompt-tokens 32 --tokens 16 \
+                  > "$OUT/ncu-peer-$(basename "$file" .gguf).txt" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -2,10 +2,13 @@
 threads never share a process with tinygrad's (`python -m experiments.peer_llamacpp FILE` prints one JSON line); on a GPU
 through a llama-bench binary built for it (`run_llama_bench`), every layer offloaded."""
 import argparse
+import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 def measure(path: str, prompt_tokens: int, tokens: int, threads: int) -> dict:
@@ -48,13 +51,52 @@ def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, rep
           "tok_s": round(test["avg_ts"], 2), "tok_s_stddev": round(test["stddev_ts"], 2), "ms_per_token": round(1e3 / test["avg_ts"], 3),
           "depth": test["n_depth"], "tokens": test["n_gen"]}
 
+# ncu's units of gpu__time_duration, in us (ncu versions name them either way)
+NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+
+def kernel_name(demangled: str) -> str:
+  """A demangled CUDA kernel name without its return type and parameters, template arguments kept."""
+  name, depth = demangled.removeprefix("void "), 0
+  for i, c in enumerate(name):
+    depth += (c == "<") - (c == ">")
+    if c == "(" and depth == 0: return name[:i]
+  return name
+
+def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, skip: int = 300, count: int = 1500) -> list[dict]:
+  """llama-bench's decode kernels timed one by one by Nsight Compute inside its CUDA graphs, as `tinyzoo profile --ncu`
+  times tinygrad's (clocks and caches left as they are): `count` kernels after the first `skip` (the prompt's and warmup's),
+  grouped by kernel and launch size, each group's median time and its launches. Raises RuntimeError if ncu fails."""
+  with tempfile.TemporaryDirectory() as tmp:
+    log = os.path.join(tmp, "ncu.csv")
+    cmd = ["ncu", "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "none",
+           "--launch-skip", str(skip), "--launch-count", str(count), "--csv", "--log-file", log,
+           binary, "-m", path, "-p", "0", "-n", str(tokens), "-d", str(prompt_tokens), "-ngl", "99", "-r", "1"]
+    try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except FileNotFoundError: raise RuntimeError("profiling llama-bench needs Nsight Compute's ncu on the PATH") from None
+    if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    with open(log) as f: lines = [l for l in f if l.startswith('"')]
+  groups: dict[tuple, list[float]] = {}
+  for row in csv.DictReader(lines):
+    if row["Metric Name"] != "gpu__time_duration.sum": continue
+    groups.setdefault((kernel_name(row["Kernel Name"]), row["Grid Size"], row["Block Size"]), []).append(float(row["Metric Value"].replace(",", "")) * NCU_US[row["Metric Unit"]])
+  return sorted(({"kernel": n, "grid": g, "block": b, "launches": len(us), "median_us": round(statistics.median(us), 2),
+                  "total_us": round(sum(us), 1)} for (n, g, b), us in groups.items()), key=lambda k: -k["total_us"])
+
 if __name__ == "__main__":
-  p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt).")
+  p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt); "
+                                          "with --ncu-llama-bench, its GPU decode's kernels timed by Nsight Compute instead.")
   p.add_argument("path")
   p.add_argument("--prompt-tokens", type=int, default=32)
   p.add_argument("--tokens", type=int, default=64)
   p.add_argument("--threads", type=int, default=2)
+  p.add_argument("--ncu-llama-bench", metavar="BINARY", help="time this llama-bench's decode kernels under ncu: one line a kernel and launch size")
   a = p.parse_args()
+  if a.ncu_llama_bench:
+    try: rows = ncu_llama_bench(a.ncu_llama_bench, a.path, a.prompt_tokens, a.tokens)
+    except RuntimeError as e: sys.exit(str(e))
+    print(f"{'total us':>9} {'median us':>9} {'launches':>8} {'grid':>14} {'block':>12}  kernel")
+    for k in rows: print(f"{k['total_us']:>9.1f} {k['median_us']:>9.2f} {k['launches']:>8} {k['grid']:>14} {k['block']:>12}  {k['kernel']}")
+    sys.exit(0)
   try: import llama_cpp  # noqa: F401
   except ImportError: sys.exit("llama-cpp-python is not installed (make reference)")
   print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads)))

@@ -20,6 +20,7 @@ from tinygrad.device import Buffer
 from tinygrad.engine.realize import ExecContext, get_call_arg_uops, pm_exec
 from tinygrad.uop.ops import Ops, UOp
 from experiments.kernels import CATEGORIES, Kernel, replay_kernels
+from experiments.peer_llamacpp import NCU_US
 from models.weights import LabelKind
 
 Labels = dict[Buffer, list[tuple[str, LabelKind]]]   # device buffer -> what it holds
@@ -243,7 +244,7 @@ def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[Kerne
     if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
     profiled = json.loads(r.stdout[r.stdout.index("{"):])
     with open(log) as f: lines = [l for l in f if l.startswith('"')]
-  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * _US[row["Metric Unit"]])
+  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * NCU_US[row["Metric Unit"]])
               for row in csv.DictReader(lines) if row["Metric Name"] == "gpu__time_duration.sum"]
   rows = [KernelRow(**{**k, "reads": tuple(k["reads"])}) for k in profiled["kernels"]]
   # a graph runs independent nodes in any order: the i-th time of a name goes to the i-th kernel of that name
@@ -254,4 +255,3 @@ def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[Kerne
   note = "Times are each kernel's own device time as Nsight Compute measured it inside its graph, launch gaps excluded."
   return profiled["title"], [replace(r, us=by_name[r.name].pop(0), batched=False) for r in rows], note
 
-_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way
