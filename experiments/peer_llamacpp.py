@@ -51,8 +51,11 @@ def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, rep
           "tok_s": round(test["avg_ts"], 2), "tok_s_stddev": round(test["stddev_ts"], 2), "ms_per_token": round(1e3 / test["avg_ts"], 3),
           "depth": test["n_depth"], "tokens": test["n_gen"]}
 
-# ncu's units of gpu__time_duration, in us (ncu versions name them either way)
-NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way
+
+def ncu_us(row: dict) -> float:
+  """The time in one row of ncu's CSV, in us."""
+  return float(row["Metric Value"].replace(",", "")) * NCU_US[row["Metric Unit"]]
 
 def kernel_name(demangled: str) -> str:
   """A demangled CUDA kernel name without its return type and parameters, template arguments kept."""
@@ -78,7 +81,7 @@ def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, ski
   groups: dict[tuple, list[float]] = {}
   for row in csv.DictReader(lines):
     if row["Metric Name"] != "gpu__time_duration.sum": continue
-    groups.setdefault((kernel_name(row["Kernel Name"]), row["Grid Size"], row["Block Size"]), []).append(float(row["Metric Value"].replace(",", "")) * NCU_US[row["Metric Unit"]])
+    groups.setdefault((kernel_name(row["Kernel Name"]), row["Grid Size"], row["Block Size"]), []).append(ncu_us(row))
   return sorted(({"kernel": n, "grid": g, "block": b, "launches": len(us), "median_us": round(statistics.median(us), 2),
                   "total_us": round(sum(us), 1)} for (n, g, b), us in groups.items()), key=lambda k: -k["total_us"])
 

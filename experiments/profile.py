@@ -20,7 +20,7 @@ from tinygrad.device import Buffer
 from tinygrad.engine.realize import ExecContext, get_call_arg_uops, pm_exec
 from tinygrad.uop.ops import Ops, UOp
 from experiments.kernels import CATEGORIES, Kernel, replay_kernels
-from experiments.peer_llamacpp import NCU_US
+from experiments.peer_llamacpp import ncu_us
 from models.weights import LabelKind
 
 Labels = dict[Buffer, list[tuple[str, LabelKind]]]   # device buffer -> what it holds
@@ -244,7 +244,7 @@ def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[Kerne
     if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
     profiled = json.loads(r.stdout[r.stdout.index("{"):])
     with open(log) as f: lines = [l for l in f if l.startswith('"')]
-  measured = [(row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * NCU_US[row["Metric Unit"]])
+  measured = [(row["Kernel Name"], ncu_us(row))
               for row in csv.DictReader(lines) if row["Metric Name"] == "gpu__time_duration.sum"]
   rows = [KernelRow(**{**k, "reads": tuple(k["reads"])}) for k in profiled["kernels"]]
   # a graph runs independent nodes in any order: the i-th time of a name goes to the i-th kernel of that name
