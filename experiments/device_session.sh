@@ -4,6 +4,8 @@
 #   check               GPU against the CPU reference (experiments/device_reference.json); stops the session on a mismatch
 #   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
+#   floor:TYPE:RxC      the fastest read of such a weight's bytes by one CUDA C kernel, and a hand-written CUDA C Q4_0 matvec
+#                       of that shape (experiments/read_floor.py), journaled
 #   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default 16 sizes with spans), the best saved to this
 #                       device's profile (copied to $OUT), which later steps use
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
@@ -50,6 +52,8 @@ for item in "$@"; do
     check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" || status=1 ;;
+    floor:*) IFS=: read -r _ type shape <<< "$step"
+             python3 -m experiments.read_floor --type "$type" --shape "$shape" || status=1 ;;
     tune:*) IFS=: read -r _ type shapes <<< "$step"
             python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;

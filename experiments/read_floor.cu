@@ -1,0 +1,202 @@
+// The floor under any matvec of one weight: the fastest read of that many bytes by one kernel, launched as one of a
+// chain of dependent kernels in a CUDA graph (as a decode step's kernels are, and `tinyzoo matvec --shape` times them),
+// over a grid of launch sizes; and a large copy in the same run (bytes read plus written) to set it against.
+//   read_floor BYTES COPIES ITERS [ROWS COLS]  ->  one JSON line per launch size, then one for the copy
+// Each kernel reads another buffer of BYTES (COPIES of them outgrow the L2), 16 bytes a load, UNROLL loads in flight a
+// thread, and stores one value a warp. With ROWS and COLS (a Q4_0 weight of BYTES), also a hand-written Q4_0 matvec over
+// tinyzoo's packed_words layout (quant/words.py: a block's 16 quant bytes as 4 words, its fp16 scales apart), checked
+// against the host: what a gemv written for this GPU reaches beside the read alone. CUDA C rather than tinygrad: it
+// measures the machine, not a kernel generator.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cmath>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+
+template <int UNROLL>
+__global__ void read_words(const uint4 *__restrict__ src, size_t n, unsigned *__restrict__ out) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+    uint4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) v[u] = src[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) { uint4 v = src[i]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  for (int lane = 16; lane; lane >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, lane);
+  if ((threadIdx.x & 31) == 0) out[((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5] = acc;
+}
+
+// ROWS_PER_WARP rows a warp, a lane taking blocks lane, lane + 32, ... of each; a block's element 16h + 4j + k is nibble h
+// of byte k of word j. A nibble q moved into a 1.0's top mantissa bits is f = 1 + q/16, so sum((q - 8) x) = 16 sum(f x) -
+// 24 sum(x), with no integer-to-float conversion.
+template <int ROWS_PER_WARP>
+__global__ void q4_0_matvec(const uint4 *__restrict__ words, const __half *__restrict__ d, const float4 *__restrict__ x,
+                            float *__restrict__ y, int rows, int blocks_per_row) {
+  const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * ROWS_PER_WARP;
+  if (row0 >= rows) return;
+  float acc[ROWS_PER_WARP] = {};
+  for (int b = lane; b < blocks_per_row; b += 32) {
+    uint4 q[ROWS_PER_WARP];
+    float scale[ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; r++) {
+      q[r] = words[(size_t)(row0 + r) * blocks_per_row + b];
+      scale[r] = __half2float(d[(size_t)(row0 + r) * blocks_per_row + b]);
+    }
+    float4 xs[8];   // the block's 32 activations: element 4j + k at xs[j].k, 16 + 4j + k at xs[4 + j].k
+#pragma unroll
+    for (int j = 0; j < 8; j++) xs[j] = x[b * 8 + j];
+    float xsum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) xsum += xs[j].x + xs[j].y + xs[j].z + xs[j].w;
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; r++) {
+      const unsigned w[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+      float dot = 0;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float lo[4] = {xs[j].x, xs[j].y, xs[j].z, xs[j].w}, hi[4] = {xs[4 + j].x, xs[4 + j].y, xs[4 + j].z, xs[4 + j].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * lo[k];
+          dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * hi[k];
+        }
+      }
+      acc[r] += (16.0f * dot - 24.0f * xsum) * scale[r];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS_PER_WARP; r++) {
+    for (int l = 16; l; l >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], l);
+    if (lane == 0) y[row0 + r] = acc[r];
+  }
+}
+
+__global__ void copy_words(const uint4 *__restrict__ src, uint4 *__restrict__ dst, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+// ms per replay of a graph that runs `launch` once per buffer, back to back on one stream (each waits for the one before)
+template <class F> static float graph_ms(int copies, int iters, F launch) {
+  cudaStream_t s;
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  cudaEvent_t t0, t1;
+  CHECK(cudaStreamCreate(&s));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int c = 0; c < copies; c++) launch(c, s);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&exec, g, 0));
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int w = 0; w < 3; w++) CHECK(cudaGraphLaunch(exec, s));
+  CHECK(cudaEventRecord(t0, s));
+  for (int it = 0; it < iters; it++) CHECK(cudaGraphLaunch(exec, s));
+  CHECK(cudaEventRecord(t1, s));
+  CHECK(cudaEventSynchronize(t1));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaStreamDestroy(s));
+  return ms / iters;
+}
+
+template <int UNROLL> static void time_reads(const std::vector<uint4 *> &bufs, size_t words, unsigned *out, size_t bytes, int iters) {
+  const int copies = (int)bufs.size();
+  for (int threads : {128, 256, 512, 1024})
+    for (int blocks : {132, 264, 528, 1056, 2112, 4224, 8448}) {
+      if ((size_t)blocks * threads > words) continue;
+      float ms = graph_ms(copies, iters, [&](int c, cudaStream_t s) { read_words<UNROLL><<<blocks, threads, 0, s>>>(bufs[c], words, out); });
+      CHECK(cudaGetLastError());
+      printf("{\"kind\": \"read\", \"blocks\": %d, \"threads\": %d, \"unroll\": %d, \"us\": %.3f, \"gb_s\": %.1f}\n", blocks, threads, UNROLL,
+             ms * 1e3 / copies, (double)bytes * copies / ms / 1e6);
+    }
+}
+
+// the Q4_0 matvec on `copies` random weights of [rows, cols] (one kernel each, chained as the reads are), after checking
+// its output on the first weight against the host in double precision
+template <int ROWS_PER_WARP> static void time_matvec(int rows, int cols, int copies, int iters) {
+  const int nb = cols / 32;
+  std::vector<unsigned> h_words((size_t)rows * nb * 4);
+  std::vector<__half> h_d((size_t)rows * nb);
+  std::vector<float> h_x(cols), h_y(rows);
+  srand(ROWS_PER_WARP);
+  for (auto &w : h_words) w = ((unsigned)rand() << 16) ^ (unsigned)rand();
+  for (auto &v : h_d) v = __float2half((rand() % 2001 - 1000) * 1e-5f);
+  for (auto &v : h_x) v = (rand() % 2001 - 1000) * 1e-3f;
+  std::vector<uint4 *> words(copies);
+  std::vector<__half *> d(copies);
+  for (int c = 0; c < copies; c++) {
+    CHECK(cudaMalloc(&words[c], h_words.size() * 4));
+    CHECK(cudaMalloc(&d[c], h_d.size() * 2));
+    CHECK(cudaMemcpy(words[c], h_words.data(), h_words.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d[c], h_d.data(), h_d.size() * 2, cudaMemcpyHostToDevice));
+  }
+  float *x, *y;
+  CHECK(cudaMalloc(&x, cols * 4));
+  CHECK(cudaMalloc(&y, rows * 4));
+  CHECK(cudaMemcpy(x, h_x.data(), cols * 4, cudaMemcpyHostToDevice));
+  std::vector<double> want(rows, 0.0);
+  double top = 0;
+  for (int r = 0; r < rows; r++) {
+    for (int i = 0; i < cols; i++) {
+      const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
+      const int q = (h_words[((size_t)r * nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
+      want[r] += (double)__half2float(h_d[(size_t)r * nb + b]) * (q - 8) * h_x[i];
+    }
+    top = fmax(top, fabs(want[r]));
+  }
+  for (int threads : {64, 128, 256, 512}) {
+    const int blocks = rows / ROWS_PER_WARP / (threads / 32);
+    auto launch = [&](int c, cudaStream_t s) { q4_0_matvec<ROWS_PER_WARP><<<blocks, threads, 0, s>>>(words[c], d[c], (const float4 *)x, y, rows, nb); };
+    launch(0, 0);
+    CHECK(cudaMemcpy(h_y.data(), y, rows * 4, cudaMemcpyDeviceToHost));
+    double err = 0;
+    for (int r = 0; r < rows; r++) err = fmax(err, fabs(h_y[r] - want[r]));
+    float ms = graph_ms(copies, iters, launch);
+    CHECK(cudaGetLastError());
+    printf("{\"kind\": \"matvec\", \"rows_per_warp\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", ROWS_PER_WARP,
+           threads, err / top, ms * 1e3 / copies);
+  }
+  for (int c = 0; c < copies; c++) { CHECK(cudaFree(words[c])); CHECK(cudaFree(d[c])); }
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(y));
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4 && argc != 6) { fprintf(stderr, "usage: read_floor BYTES COPIES ITERS [ROWS COLS]\n"); return 2; }
+  const size_t bytes = strtoull(argv[1], nullptr, 10) / 16 * 16, words = bytes / 16;
+  const int copies = atoi(argv[2]), iters = atoi(argv[3]);
+  if (!words || copies < 1 || iters < 1) { fprintf(stderr, "read_floor: BYTES >= 16, COPIES >= 1 and ITERS >= 1\n"); return 2; }
+  std::vector<uint4 *> bufs(copies);
+  for (auto &b : bufs) { CHECK(cudaMalloc(&b, bytes)); CHECK(cudaMemset(b, 1, bytes)); }
+  unsigned *out;
+  CHECK(cudaMalloc(&out, 8448 * 1024 / 32 * sizeof(unsigned)));
+  time_reads<1>(bufs, words, out, bytes, iters);
+  time_reads<2>(bufs, words, out, bytes, iters);
+  time_reads<4>(bufs, words, out, bytes, iters);
+  time_reads<8>(bufs, words, out, bytes, iters);
+  const size_t big = (size_t)1 << 30;   // 1 GiB, as experiments/bench.py's copy_bandwidth
+  uint4 *src, *dst;
+  CHECK(cudaMalloc(&src, big));
+  CHECK(cudaMalloc(&dst, big));
+  CHECK(cudaMemset(src, 1, big));
+  float ms = graph_ms(1, 10, [&](int, cudaStream_t s) { copy_words<<<132 * 16, 256, 0, s>>>(src, dst, big / 16); });
+  if (argc == 6) {
+    for (auto &b : bufs) CHECK(cudaFree(b));
+    const int rows = atoi(argv[4]), cols = atoi(argv[5]);
+    time_matvec<1>(rows, cols, copies, iters);
+    time_matvec<2>(rows, cols, copies, iters);
+    time_matvec<4>(rows, cols, copies, iters);
+  }
+  printf("{\"kind\": \"copy\", \"bytes\": %zu, \"gb_s\": %.1f}\n", big, 2.0 * big / ms / 1e6);
+  return 0;
+}
