@@ -68,7 +68,8 @@ def kernel_name(demangled: str) -> str:
 def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, skip: int = 300, count: int = 1500) -> list[dict]:
   """llama-bench's decode kernels timed one by one by Nsight Compute inside its CUDA graphs, as `tinyzoo profile --ncu`
   times tinygrad's (clocks and caches left as they are): `count` kernels after the first `skip` (the prompt's and warmup's),
-  grouped by kernel and launch size, each group's median time and its launches. Raises RuntimeError if ncu fails."""
+  grouped by kernel, launch size and mode (`modes`), each group's median time and its launches. Raises RuntimeError if
+  ncu fails."""
   with tempfile.TemporaryDirectory() as tmp:
     log = os.path.join(tmp, "ncu.csv")
     cmd = ["ncu", "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "none",
@@ -83,7 +84,17 @@ def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, ski
     if row["Metric Name"] != "gpu__time_duration.sum": continue
     groups.setdefault((kernel_name(row["Kernel Name"]), row["Grid Size"], row["Block Size"]), []).append(ncu_us(row))
   return sorted(({"kernel": n, "grid": g, "block": b, "launches": len(us), "median_us": round(statistics.median(us), 2),
-                  "total_us": round(sum(us), 1)} for (n, g, b), us in groups.items()), key=lambda k: -k["total_us"])
+                  "total_us": round(sum(us), 1)} for (n, g, b), times in groups.items() for us in modes(times)), key=lambda k: -k["total_us"])
+
+def modes(times: list[float], gap: float = 1.3) -> list[list[float]]:
+  """Times split where the next slower one is `gap` times slower: one kernel and launch size can serve weights of
+  different sizes (llama.cpp's 2048-row matvec is both attention output and FFN down for Llama-3.2-1B)."""
+  ordered = sorted(times)
+  split = [[ordered[0]]]
+  for before, t in zip(ordered, ordered[1:]):
+    if t > gap * before: split.append([])
+    split[-1].append(t)
+  return split
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt); "
