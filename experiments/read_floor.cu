@@ -33,47 +33,58 @@ __global__ void read_words(const uint4 *__restrict__ src, size_t n, unsigned *__
   if ((threadIdx.x & 31) == 0) out[((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5] = acc;
 }
 
-// ROWS_PER_WARP rows a warp, a lane taking blocks lane, lane + 32, ... of each; a block's element 16h + 4j + k is nibble h
-// of byte k of word j. A nibble q moved into a 1.0's top mantissa bits is f = 1 + q/16, so sum((q - 8) x) = 16 sum(f x) -
-// 24 sum(x), with no integer-to-float conversion.
-template <int ROWS_PER_WARP>
-__global__ void q4_0_matvec(const uint4 *__restrict__ words, const __half *__restrict__ d, const float4 *__restrict__ x,
+// R rows a warp; each lane takes S neighbouring words of a block (S = 4: a whole block, one 16-byte load), the warp's
+// lanes the next 32 * S words of the rows, and so on along them. A block's element 16h + 4j + k is nibble h of byte k
+// of word j. A nibble q moved into a 1.0's top mantissa bits is f = 1 + q/16, so sum((q - 8) x) = 16 sum(f x) - 24
+// sum(x), with no integer-to-float conversion. Without USE_X the activations are ones (not loaded): what x's loads cost.
+template <int S> struct Words;
+template <> struct Words<1> { using T = unsigned; static __device__ unsigned at(T v, int) { return v; } };
+template <> struct Words<2> { using T = uint2; static __device__ unsigned at(T v, int i) { return i ? v.y : v.x; } };
+template <> struct Words<4> { using T = uint4; static __device__ unsigned at(T v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; } };
+
+template <int R, int S, bool USE_X>
+__global__ void q4_0_matvec(const unsigned *__restrict__ words, const __half *__restrict__ d, const float *__restrict__ x,
                             float *__restrict__ y, int rows, int blocks_per_row) {
-  const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * ROWS_PER_WARP;
+  using W = Words<S>;
+  const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R, row_words = blocks_per_row * 4;
   if (row0 >= rows) return;
-  float acc[ROWS_PER_WARP] = {};
-  for (int b = lane; b < blocks_per_row; b += 32) {
-    uint4 q[ROWS_PER_WARP];
-    float scale[ROWS_PER_WARP];
+  float acc[R] = {};
+#pragma unroll 2
+  for (int w0 = lane * S; w0 < row_words; w0 += 32 * S) {
+    const int b = w0 >> 2, j0 = w0 & 3;
+    typename W::T q[R];
+    float scale[R];
 #pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; r++) {
-      q[r] = words[(size_t)(row0 + r) * blocks_per_row + b];
+    for (int r = 0; r < R; r++) {
+      q[r] = *(const typename W::T *)(words + (size_t)(row0 + r) * row_words + w0);
       scale[r] = __half2float(d[(size_t)(row0 + r) * blocks_per_row + b]);
     }
-    float4 xs[8];   // the block's 32 activations: element 4j + k at xs[j].k, 16 + 4j + k at xs[4 + j].k
-#pragma unroll
-    for (int j = 0; j < 8; j++) xs[j] = x[b * 8 + j];
+    float4 lo[S], hi[S];   // word j's elements 4j + k and 16 + 4j + k
     float xsum = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) xsum += xs[j].x + xs[j].y + xs[j].z + xs[j].w;
+    for (int i = 0; i < S; i++) {
+      lo[i] = USE_X ? *(const float4 *)(x + b * 32 + 4 * (j0 + i)) : make_float4(1, 1, 1, 1);
+      hi[i] = USE_X ? *(const float4 *)(x + b * 32 + 16 + 4 * (j0 + i)) : make_float4(1, 1, 1, 1);
+      xsum += lo[i].x + lo[i].y + lo[i].z + lo[i].w + hi[i].x + hi[i].y + hi[i].z + hi[i].w;
+    }
 #pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; r++) {
-      const unsigned w[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+    for (int r = 0; r < R; r++) {
       float dot = 0;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float lo[4] = {xs[j].x, xs[j].y, xs[j].z, xs[j].w}, hi[4] = {xs[4 + j].x, xs[4 + j].y, xs[4 + j].z, xs[4 + j].w};
+      for (int i = 0; i < S; i++) {
+        const unsigned w = W::at(q[r], i);
+        const float l[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, h[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-          dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * lo[k];
-          dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * hi[k];
+          dot += __uint_as_float((((w >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * l[k];
+          dot += __uint_as_float((((w >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * h[k];
         }
       }
       acc[r] += (16.0f * dot - 24.0f * xsum) * scale[r];
     }
   }
 #pragma unroll
-  for (int r = 0; r < ROWS_PER_WARP; r++) {
+  for (int r = 0; r < R; r++) {
     for (int l = 16; l; l >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], l);
     if (lane == 0) y[row0 + r] = acc[r];
   }
@@ -121,54 +132,75 @@ template <int UNROLL> static void time_reads(const std::vector<uint4 *> &bufs, s
     }
 }
 
-// the Q4_0 matvec on `copies` random weights of [rows, cols] (one kernel each, chained as the reads are), after checking
-// its output on the first weight against the host in double precision
-template <int ROWS_PER_WARP> static void time_matvec(int rows, int cols, int copies, int iters) {
-  const int nb = cols / 32;
-  std::vector<unsigned> h_words((size_t)rows * nb * 4);
-  std::vector<__half> h_d((size_t)rows * nb);
-  std::vector<float> h_x(cols), h_y(rows);
-  srand(ROWS_PER_WARP);
-  for (auto &w : h_words) w = ((unsigned)rand() << 16) ^ (unsigned)rand();
-  for (auto &v : h_d) v = __float2half((rand() % 2001 - 1000) * 1e-5f);
-  for (auto &v : h_x) v = (rand() % 2001 - 1000) * 1e-3f;
-  std::vector<uint4 *> words(copies);
-  std::vector<__half *> d(copies);
-  for (int c = 0; c < copies; c++) {
-    CHECK(cudaMalloc(&words[c], h_words.size() * 4));
-    CHECK(cudaMalloc(&d[c], h_d.size() * 2));
-    CHECK(cudaMemcpy(words[c], h_words.data(), h_words.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(d[c], h_d.data(), h_d.size() * 2, cudaMemcpyHostToDevice));
-  }
-  float *x, *y;
-  CHECK(cudaMalloc(&x, cols * 4));
-  CHECK(cudaMalloc(&y, rows * 4));
-  CHECK(cudaMemcpy(x, h_x.data(), cols * 4, cudaMemcpyHostToDevice));
-  std::vector<double> want(rows, 0.0);
+// A Q4_0 weight: the packed_words layout's words and scales, and x, random (seeded), with y in double precision on the host
+struct Q4_0Weight {
+  int rows, cols, nb;
+  std::vector<unsigned> words;
+  std::vector<__half> d;
+  std::vector<float> x;
+  std::vector<double> want;
   double top = 0;
-  for (int r = 0; r < rows; r++) {
-    for (int i = 0; i < cols; i++) {
-      const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
-      const int q = (h_words[((size_t)r * nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
-      want[r] += (double)__half2float(h_d[(size_t)r * nb + b]) * (q - 8) * h_x[i];
+  Q4_0Weight(int rows, int cols) : rows(rows), cols(cols), nb(cols / 32), words((size_t)rows * nb * 4), d((size_t)rows * nb), x(cols), want(rows) {
+    srand(1);
+    for (auto &w : words) w = ((unsigned)rand() << 16) ^ (unsigned)rand();
+    for (auto &v : d) v = __float2half((rand() % 2001 - 1000) * 1e-5f);
+    for (auto &v : x) v = (rand() % 2001 - 1000) * 1e-3f;
+    for (int r = 0; r < rows; r++) {
+      for (int i = 0; i < cols; i++) {
+        const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
+        const int q = (words[((size_t)r * nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
+        want[r] += (double)__half2float(d[(size_t)r * nb + b]) * (q - 8) * x[i];
+      }
+      top = fmax(top, fabs(want[r]));
     }
-    top = fmax(top, fabs(want[r]));
   }
-  for (int threads : {64, 128, 256, 512}) {
-    const int blocks = rows / ROWS_PER_WARP / (threads / 32);
-    auto launch = [&](int c, cudaStream_t s) { q4_0_matvec<ROWS_PER_WARP><<<blocks, threads, 0, s>>>(words[c], d[c], (const float4 *)x, y, rows, nb); };
+};
+
+struct DeviceWeights {
+  std::vector<unsigned *> words;
+  std::vector<__half *> d;
+  float *x, *y;
+  DeviceWeights(const Q4_0Weight &w, int copies) : words(copies), d(copies) {
+    for (int c = 0; c < copies; c++) {
+      CHECK(cudaMalloc(&words[c], w.words.size() * 4));
+      CHECK(cudaMalloc(&d[c], w.d.size() * 2));
+      CHECK(cudaMemcpy(words[c], w.words.data(), w.words.size() * 4, cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(d[c], w.d.data(), w.d.size() * 2, cudaMemcpyHostToDevice));
+    }
+    CHECK(cudaMalloc(&x, w.cols * 4));
+    CHECK(cudaMalloc(&y, w.rows * 4));
+    CHECK(cudaMemcpy(x, w.x.data(), w.cols * 4, cudaMemcpyHostToDevice));
+  }
+  ~DeviceWeights() {
+    for (size_t c = 0; c < words.size(); c++) { CHECK(cudaFree(words[c])); CHECK(cudaFree(d[c])); }
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+  }
+};
+
+// the matvec on every copy in turn (one kernel each, chained as the reads are), each workgroup size, checked first on
+// the first copy against the host (not without x, whose result is another)
+template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  for (int threads : {64, 128, 256}) {
+    const int blocks = w.rows / R / (threads / 32);
+    auto launch = [&](int c, cudaStream_t s) { q4_0_matvec<R, S, USE_X><<<blocks, threads, 0, s>>>(dev.words[c], dev.d[c], dev.x, dev.y, w.rows, w.nb); };
     launch(0, 0);
-    CHECK(cudaMemcpy(h_y.data(), y, rows * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> y(w.rows);
+    CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
     double err = 0;
-    for (int r = 0; r < rows; r++) err = fmax(err, fabs(h_y[r] - want[r]));
-    float ms = graph_ms(copies, iters, launch);
+    for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
+    float ms = graph_ms((int)dev.words.size(), iters, launch);
     CHECK(cudaGetLastError());
-    printf("{\"kind\": \"matvec\", \"rows_per_warp\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", ROWS_PER_WARP,
-           threads, err / top, ms * 1e3 / copies);
+    printf("{\"kind\": \"%s\", \"rows_per_warp\": %d, \"words_per_thread\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n",
+           USE_X ? "matvec" : "matvec_without_x", R, S, threads, USE_X ? err / w.top : 0.0, ms * 1e3 / dev.words.size());
   }
-  for (int c = 0; c < copies; c++) { CHECK(cudaFree(words[c])); CHECK(cudaFree(d[c])); }
-  CHECK(cudaFree(x));
-  CHECK(cudaFree(y));
+}
+
+template <int R> static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  time_matvec<R, 1, true>(w, dev, iters);
+  time_matvec<R, 2, true>(w, dev, iters);
+  time_matvec<R, 4, true>(w, dev, iters);
+  time_matvec<R, 2, false>(w, dev, iters);
 }
 
 int main(int argc, char **argv) {
@@ -192,10 +224,11 @@ int main(int argc, char **argv) {
   float ms = graph_ms(1, 10, [&](int, cudaStream_t s) { copy_words<<<132 * 16, 256, 0, s>>>(src, dst, big / 16); });
   if (argc == 6) {
     for (auto &b : bufs) CHECK(cudaFree(b));
-    const int rows = atoi(argv[4]), cols = atoi(argv[5]);
-    time_matvec<1>(rows, cols, copies, iters);
-    time_matvec<2>(rows, cols, copies, iters);
-    time_matvec<4>(rows, cols, copies, iters);
+    const Q4_0Weight w(atoi(argv[4]), atoi(argv[5]));
+    DeviceWeights dev(w, copies);
+    time_matvecs<2>(w, dev, iters);
+    time_matvecs<4>(w, dev, iters);
+    time_matvecs<8>(w, dev, iters);
   }
   printf("{\"kind\": \"copy\", \"bytes\": %zu, \"gb_s\": %.1f}\n", big, 2.0 * big / ms / 1e6);
   return 0;

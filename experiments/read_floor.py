@@ -62,7 +62,7 @@ def main() -> None:
   print(f"read floor {a.type} {a.shape}: {m['bytes'] / 1e6:.2f} MB a kernel in {m['us']:.2f} us ({m['gb_s']:.1f} GB/s, "
         f"{m['fraction_of_copy']:.0%} of a copy's {m['copy_gb_s']:.1f} GB/s), best of {m['launch_sizes']} launch sizes: "
         f"{record['switches']['launch']} ({record['device']})")
-  for r in sorted((r for r in runs if r["kind"] == "read"), key=lambda r: r["us"])[:5] + [r for r in runs if r["kind"] == "matvec"]:
+  for r in sorted((r for r in runs if r["kind"] == "read"), key=lambda r: r["us"])[:5] + [r for r in runs if r["kind"].startswith("matvec")]:
     print("  " + ", ".join(f"{k} {v}" for k, v in r.items()))
   if "cuda_matvec_us" in m:
     print(f"hand-written CUDA Q4_0 matvec ({record['switches']['cuda_matvec']}): {m['cuda_matvec_us']:.2f} us, "
