@@ -90,6 +90,55 @@ __global__ void q4_0_matvec(const unsigned *__restrict__ words, const __half *__
   }
 }
 
+// 256 threads a workgroup, a thread per block of a 2048-column row (64 threads a row, 4 rows at once) for P rows
+// 4 apart: its P blocks' loads issued first, then the workgroup stages x in shared memory as [float4 e][block b], so
+// that a warp reads a block's activations without bank conflicts, and each thread keeps its block's 32 in registers
+// for all its rows.
+template <int P>
+__global__ void __launch_bounds__(256) q4_0_matvec_staged(const uint4 *__restrict__ words, const __half *__restrict__ d,
+                                                          const float4 *__restrict__ x, float *__restrict__ y) {
+  __shared__ float4 xs[8 * 64];
+  __shared__ float partial[8][P];
+  const int t = threadIdx.x, b = t & 63, row0 = blockIdx.x * 4 * P + (t >> 6);
+  uint4 q[P];
+  float scale[P];
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    q[p] = words[(size_t)(row0 + 4 * p) * 64 + b];
+    scale[p] = __half2float(d[(size_t)(row0 + 4 * p) * 64 + b]);
+  }
+  for (int i = t; i < 8 * 64; i += 256) xs[(i & 7) * 64 + (i >> 3)] = x[i];
+  __syncthreads();
+  float4 xv[8];
+  float xsum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    xv[e] = xs[e * 64 + b];
+    xsum += xv[e].x + xv[e].y + xv[e].z + xv[e].w;
+  }
+  float acc[P];
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    const unsigned w[4] = {q[p].x, q[p].y, q[p].z, q[p].w};
+    float dot = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float lo[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, hi[4] = {xv[4 + j].x, xv[4 + j].y, xv[4 + j].z, xv[4 + j].w};
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * lo[k];
+        dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * hi[k];
+      }
+    }
+    acc[p] = (16.0f * dot - 24.0f * xsum) * scale[p];
+    for (int l = 16; l; l >>= 1) acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], l);
+    if ((t & 31) == 0) partial[t >> 5][p] = acc[p];
+  }
+  __syncthreads();
+  // row row0 + 4p of warp pair (2 * (r % 4), + 1)
+  if (t < 4 * P) y[blockIdx.x * 4 * P + t] = partial[2 * (t & 3)][t >> 2] + partial[2 * (t & 3) + 1][t >> 2];
+}
+
 __global__ void copy_words(const uint4 *__restrict__ src, uint4 *__restrict__ dst, size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
@@ -196,6 +245,20 @@ template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w,
   }
 }
 
+template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  if (w.cols != 2048 || w.rows % (4 * P)) return;
+  auto launch = [&](int c, cudaStream_t s) { q4_0_matvec_staged<P><<<w.rows / (4 * P), 256, 0, s>>>((const uint4 *)dev.words[c], dev.d[c], (const float4 *)dev.x, dev.y); };
+  launch(0, 0);
+  std::vector<float> y(w.rows);
+  CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
+  double err = 0;
+  for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
+  float ms = graph_ms((int)dev.words.size(), iters, launch);
+  CHECK(cudaGetLastError());
+  printf("{\"kind\": \"matvec_staged\", \"rows_per_thread\": %d, \"threads\": 256, \"rel_err\": %.2e, \"us\": %.3f}\n", P, err / w.top,
+         ms * 1e3 / dev.words.size());
+}
+
 template <int R> static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
   time_matvec<R, 1, true>(w, dev, iters);
   time_matvec<R, 2, true>(w, dev, iters);
@@ -226,6 +289,10 @@ int main(int argc, char **argv) {
     for (auto &b : bufs) CHECK(cudaFree(b));
     const Q4_0Weight w(atoi(argv[4]), atoi(argv[5]));
     DeviceWeights dev(w, copies);
+    time_staged<1>(w, dev, iters);
+    time_staged<2>(w, dev, iters);
+    time_staged<4>(w, dev, iters);
+    time_staged<8>(w, dev, iters);
     time_matvecs<2>(w, dev, iters);
     time_matvecs<4>(w, dev, iters);
     time_matvecs<8>(w, dev, iters);

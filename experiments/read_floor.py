@@ -39,11 +39,11 @@ def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[d
   metrics = {"bytes": nbytes, "copies": copies, "launch_sizes": len(reads), "us": best["us"], "gb_s": best["gb_s"],
              "copy_gb_s": copy["gb_s"], "fraction_of_copy": round(best["gb_s"] / copy["gb_s"], 3)}
   switches = {"launch": f"{best['blocks']}x{best['threads']} unroll {best['unroll']}"}
-  if (matvecs := [r for r in lines if r["kind"] == "matvec"]):
+  if (matvecs := [r for r in lines if r["kind"] in ("matvec", "matvec_staged")]):
     if (wrong := [r for r in matvecs if r["rel_err"] > GEMV_TOLERANCE]): raise RuntimeError(f"the CUDA matvec is wrong: {wrong[0]}")
     fastest = min(matvecs, key=lambda r: r["us"])
     gb_s = nbytes / fastest["us"] / 1e3
-    switches["cuda_matvec"] = f"{fastest['rows_per_warp']} rows a warp, {fastest['threads']} threads"
+    switches["cuda_matvec"] = ", ".join(f"{k} {v}" for k, v in fastest.items() if k not in ("us", "rel_err"))
     metrics.update(cuda_matvec_us=fastest["us"], cuda_matvec_gb_s=round(gb_s, 1), cuda_matvec_fraction_of_copy=round(gb_s / copy["gb_s"], 3))
   return {**journal.context(), "model": f"read {ggml_type} {rows}x{cols}", "kind": "read_floor", "switches": switches, "metrics": metrics}, lines
 
