@@ -139,6 +139,38 @@ __global__ void __launch_bounds__(256) q4_0_matvec_staged(const uint4 *__restric
   if (t < 4 * P) y[blockIdx.x * 4 * P + t] = partial[2 * (t & 3)][t >> 2] + partial[2 * (t & 3) + 1][t >> 2];
 }
 
+// As llama.cpp's: x quantized to 8 bits a 32-element block (x8, its scales xd), so that 4 products are one dp4a: R rows
+// a warp, a word a lane. Word j's low nibbles are elements 4j + k, its high ones 16 + 4j + k: x8's words j and 4 + j.
+template <int R>
+__global__ void q4_0_matvec_dp4a(const unsigned *__restrict__ words, const __half *__restrict__ d, const int *__restrict__ x8,
+                                 const float *__restrict__ xd, float *__restrict__ y, int rows, int blocks_per_row) {
+  const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R, row_words = blocks_per_row * 4;
+  if (row0 >= rows) return;
+  float acc[R] = {};
+#pragma unroll 2
+  for (int w0 = lane; w0 < row_words; w0 += 32) {
+    const int b = w0 >> 2, j = w0 & 3;
+    unsigned q[R];
+    float scale[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      q[r] = words[(size_t)(row0 + r) * row_words + w0];
+      scale[r] = __half2float(d[(size_t)(row0 + r) * blocks_per_row + b]);
+    }
+    const int lo = x8[b * 8 + j], hi = x8[b * 8 + 4 + j];
+    const int offset = 8 * __dp4a(0x01010101, lo, __dp4a(0x01010101, hi, 0));
+    const float xs = xd[b];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      acc[r] += (__dp4a((int)(q[r] & 0x0F0F0F0Fu), lo, __dp4a((int)((q[r] >> 4) & 0x0F0F0F0Fu), hi, 0)) - offset) * xs * scale[r];
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    for (int l = 16; l; l >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], l);
+    if (lane == 0) y[row0 + r] = acc[r];
+  }
+}
+
 __global__ void copy_words(const uint4 *__restrict__ src, uint4 *__restrict__ dst, size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
@@ -259,6 +291,52 @@ template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev
          ms * 1e3 / dev.words.size());
 }
 
+// x quantized to 8 bits a block as llama.cpp's q8_1, checked against the host's y of that quantized x
+template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  std::vector<signed char> x8(w.cols);
+  std::vector<float> xd(w.nb), xq(w.cols);
+  for (int b = 0; b < w.nb; b++) {
+    float top = 0;
+    for (int i = 0; i < 32; i++) top = fmaxf(top, fabsf(w.x[b * 32 + i]));
+    xd[b] = top / 127;
+    for (int i = 0; i < 32; i++) {
+      x8[b * 32 + i] = (signed char)lrintf(xd[b] ? w.x[b * 32 + i] / xd[b] : 0);
+      xq[b * 32 + i] = x8[b * 32 + i] * xd[b];
+    }
+  }
+  std::vector<double> want(w.rows, 0.0);
+  double top = 0;
+  for (int r = 0; r < w.rows; r++) {
+    for (int i = 0; i < w.cols; i++) {
+      const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
+      want[r] += (double)__half2float(w.d[(size_t)r * w.nb + b]) * (((w.words[((size_t)r * w.nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15) - 8) * xq[i];
+    }
+    top = fmax(top, fabs(want[r]));
+  }
+  int *dx8;
+  float *dxd;
+  CHECK(cudaMalloc(&dx8, w.cols));
+  CHECK(cudaMalloc(&dxd, w.nb * 4));
+  CHECK(cudaMemcpy(dx8, x8.data(), w.cols, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dxd, xd.data(), w.nb * 4, cudaMemcpyHostToDevice));
+  for (int threads : {64, 128, 256}) {
+    auto launch = [&](int c, cudaStream_t s) {
+      q4_0_matvec_dp4a<R><<<w.rows / R / (threads / 32), threads, 0, s>>>(dev.words[c], dev.d[c], dx8, dxd, dev.y, w.rows, w.nb);
+    };
+    launch(0, 0);
+    std::vector<float> y(w.rows);
+    CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
+    double err = 0;
+    for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - want[r]));
+    float ms = graph_ms((int)dev.words.size(), iters, launch);
+    CHECK(cudaGetLastError());
+    printf("{\"kind\": \"matvec_dp4a\", \"rows_per_warp\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", R, threads, err / top,
+           ms * 1e3 / dev.words.size());
+  }
+  CHECK(cudaFree(dx8));
+  CHECK(cudaFree(dxd));
+}
+
 template <int R> static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
   time_matvec<R, 1, true>(w, dev, iters);
   time_matvec<R, 2, true>(w, dev, iters);
@@ -289,6 +367,10 @@ int main(int argc, char **argv) {
     for (auto &b : bufs) CHECK(cudaFree(b));
     const Q4_0Weight w(atoi(argv[4]), atoi(argv[5]));
     DeviceWeights dev(w, copies);
+    time_dp4a<1>(w, dev, iters);
+    time_dp4a<2>(w, dev, iters);
+    time_dp4a<4>(w, dev, iters);
+    time_dp4a<8>(w, dev, iters);
     time_staged<1>(w, dev, iters);
     time_staged<2>(w, dev, iters);
     time_staged<4>(w, dev, iters);
