@@ -266,6 +266,8 @@ template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w,
     const int blocks = w.rows / R / (threads / 32);
     auto launch = [&](int c, cudaStream_t s) { q4_0_matvec<R, S, USE_X><<<blocks, threads, 0, s>>>(dev.words[c], dev.d[c], dev.x, dev.y, w.rows, w.nb); };
     launch(0, 0);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
     std::vector<float> y(w.rows);
     CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
     double err = 0;
@@ -281,6 +283,8 @@ template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev
   if (w.cols != 2048 || w.rows % (4 * P)) return;
   auto launch = [&](int c, cudaStream_t s) { q4_0_matvec_staged<P><<<w.rows / (4 * P), 256, 0, s>>>((const uint4 *)dev.words[c], dev.d[c], (const float4 *)dev.x, dev.y); };
   launch(0, 0);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
   std::vector<float> y(w.rows);
   CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
   double err = 0;
@@ -324,6 +328,8 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
       q4_0_matvec_dp4a<R><<<w.rows / R / (threads / 32), threads, 0, s>>>(dev.words[c], dev.d[c], dx8, dxd, dev.y, w.rows, w.nb);
     };
     launch(0, 0);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
     std::vector<float> y(w.rows);
     CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
     double err = 0;
