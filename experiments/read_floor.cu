@@ -171,6 +171,51 @@ __global__ void q4_0_matvec_dp4a(const unsigned *__restrict__ words, const __hal
   }
 }
 
+// A warp a row at a time, rows `warps` apart, for 2048-column rows: lane l always takes blocks 2l and 2l + 1, so it loads
+// their 64 activations once for all its rows, and it loads the next row's blocks before summing this one's.
+__global__ void q4_0_matvec_rows(const uint4 *__restrict__ words, const __half2 *__restrict__ d, const float4 *__restrict__ x,
+                                 float *__restrict__ y, int rows) {
+  const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+  float4 xv[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) xv[e] = x[lane * 16 + e];
+  float xsum[2] = {};
+#pragma unroll
+  for (int e = 0; e < 16; e++) xsum[e / 8] += xv[e].x + xv[e].y + xv[e].z + xv[e].w;
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  uint4 next[2];
+  __half2 next_d;
+  if (r < rows) { next[0] = words[(size_t)r * 128 + 2 * lane]; next[1] = words[(size_t)r * 128 + 2 * lane + 1]; next_d = d[(size_t)r * 32 + lane]; }
+  for (; r < rows; r += warps) {
+    const uint4 q[2] = {next[0], next[1]};
+    const float2 scale = __half22float2(next_d);
+    if (r + warps < rows) {
+      next[0] = words[(size_t)(r + warps) * 128 + 2 * lane];
+      next[1] = words[(size_t)(r + warps) * 128 + 2 * lane + 1];
+      next_d = d[(size_t)(r + warps) * 32 + lane];
+    }
+    float acc = 0;
+#pragma unroll
+    for (int blk = 0; blk < 2; blk++) {
+      const unsigned w[4] = {q[blk].x, q[blk].y, q[blk].z, q[blk].w};
+      float dot = 0;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float4 lo = xv[8 * blk + j], hi = xv[8 * blk + 4 + j];
+        const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * l[k];
+          dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * h[k];
+        }
+      }
+      acc += (16.0f * dot - 24.0f * xsum[blk]) * (blk ? scale.y : scale.x);
+    }
+    for (int l = 16; l; l >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, l);
+    if (lane == 0) y[r] = acc;
+  }
+}
+
 __global__ void copy_words(const uint4 *__restrict__ src, uint4 *__restrict__ dst, size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
@@ -313,7 +358,8 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
   for (int r = 0; r < w.rows; r++) {
     for (int i = 0; i < w.cols; i++) {
       const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
-      want[r] += (double)__half2float(w.d[(size_t)r * w.nb + b]) * (((w.words[((size_t)r * w.nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15) - 8) * xq[i];
+      const int q = (w.words[((size_t)r * w.nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
+      want[r] += (double)__half2float(w.d[(size_t)r * w.nb + b]) * (q - 8) * xq[i];
     }
     top = fmax(top, fabs(want[r]));
   }
@@ -341,6 +387,27 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
   }
   CHECK(cudaFree(dx8));
   CHECK(cudaFree(dxd));
+}
+
+static void time_rows(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  if (w.cols != 2048) return;
+  for (int threads : {256, 512})
+    for (int blocks : {132, 264, 528, 1056}) {
+      auto launch = [&](int c, cudaStream_t s) {
+        q4_0_matvec_rows<<<blocks, threads, 0, s>>>((const uint4 *)dev.words[c], (const __half2 *)dev.d[c], (const float4 *)dev.x, dev.y, w.rows);
+      };
+      launch(0, 0);
+      CHECK(cudaGetLastError());
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> y(w.rows);
+      CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
+      double err = 0;
+      for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
+      float ms = graph_ms((int)dev.words.size(), iters, launch);
+      CHECK(cudaGetLastError());
+      printf("{\"kind\": \"matvec_rows\", \"blocks\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", blocks, threads, err / w.top,
+             ms * 1e3 / dev.words.size());
+    }
 }
 
 template <int R> static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
@@ -373,6 +440,7 @@ int main(int argc, char **argv) {
     for (auto &b : bufs) CHECK(cudaFree(b));
     const Q4_0Weight w(atoi(argv[4]), atoi(argv[5]));
     DeviceWeights dev(w, copies);
+    time_rows(w, dev, iters);
     time_dp4a<1>(w, dev, iters);
     time_dp4a<2>(w, dev, iters);
     time_dp4a<4>(w, dev, iters);

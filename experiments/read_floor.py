@@ -39,7 +39,7 @@ def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[d
   metrics = {"bytes": nbytes, "copies": copies, "launch_sizes": len(reads), "us": best["us"], "gb_s": best["gb_s"],
              "copy_gb_s": copy["gb_s"], "fraction_of_copy": round(best["gb_s"] / copy["gb_s"], 3)}
   switches = {"launch": f"{best['blocks']}x{best['threads']} unroll {best['unroll']}"}
-  if (matvecs := [r for r in lines if r["kind"] in ("matvec", "matvec_staged", "matvec_dp4a")]):
+  if (matvecs := [r for r in lines if r["kind"] in ("matvec", "matvec_staged", "matvec_dp4a", "matvec_rows")]):
     if (wrong := [r for r in matvecs if r["rel_err"] > GEMV_TOLERANCE]): raise RuntimeError(f"the CUDA matvec is wrong: {wrong[0]}")
     fastest = min(matvecs, key=lambda r: r["us"])
     gb_s = nbytes / fastest["us"] / 1e3
