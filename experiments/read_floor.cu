@@ -185,13 +185,13 @@ __global__ void q4_0_matvec_rows(const uint4 *__restrict__ words, const __half2 
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   uint4 next[2];
   __half2 next_d;
-  if (r < rows) { next[0] = words[(size_t)r * 128 + 2 * lane]; next[1] = words[(size_t)r * 128 + 2 * lane + 1]; next_d = d[(size_t)r * 32 + lane]; }
+  if (r < rows) { next[0] = words[(size_t)r * 64 + 2 * lane]; next[1] = words[(size_t)r * 64 + 2 * lane + 1]; next_d = d[(size_t)r * 32 + lane]; }
   for (; r < rows; r += warps) {
     const uint4 q[2] = {next[0], next[1]};
     const float2 scale = __half22float2(next_d);
     if (r + warps < rows) {
-      next[0] = words[(size_t)(r + warps) * 128 + 2 * lane];
-      next[1] = words[(size_t)(r + warps) * 128 + 2 * lane + 1];
+      next[0] = words[(size_t)(r + warps) * 64 + 2 * lane];
+      next[1] = words[(size_t)(r + warps) * 64 + 2 * lane + 1];
       next_d = d[(size_t)(r + warps) * 32 + lane];
     }
     float acc = 0;
