@@ -3,10 +3,13 @@
 // over a grid of launch sizes; and a large copy in the same run (bytes read plus written) to set it against.
 //   read_floor BYTES COPIES ITERS [ROWS COLS]  ->  one JSON line per launch size, then one for the copy
 // Each kernel reads another buffer of BYTES (COPIES of them outgrow the L2), 16 bytes a load, UNROLL loads in flight a
-// thread, and stores one value a warp. With ROWS and COLS (a Q4_0 weight of BYTES), also a hand-written Q4_0 matvec over
-// tinyzoo's packed_words layout (quant/words.py: a block's 16 quant bytes as 4 words, its fp16 scales apart), checked
-// against the host: what a gemv written for this GPU reaches beside the read alone. CUDA C rather than tinygrad: it
-// measures the machine, not a kernel generator.
+// thread, and stores one value a warp. With ROWS and COLS (a Q4_0 weight of BYTES), also hand-written Q4_0 matvecs over
+// tinyzoo's packed_words layout (quant/words.py: a block's 16 quant bytes as 4 words, its fp16 scales apart), each
+// checked against the host in double precision, in five designs (JSON kinds): matvec (float x, R rows a warp, S words a
+// lane), matvec_without_x (the same with x's loads left out: what they cost), matvec_staged (x in shared memory, a
+// thread a block), matvec_rows (a warp a row at a time, x in registers, the next row's loads first) and matvec_dp4a
+// (x quantized to 8 bits a block, as llama.cpp's matvecs read it): what a gemv written for this GPU reaches beside the
+// read alone. CUDA C rather than tinygrad: it measures the machine and what any kernel reaches, not a kernel generator.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

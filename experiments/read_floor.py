@@ -16,11 +16,15 @@ from experiments import journal
 from experiments.matvec import GEMV_TOLERANCE, default_copies
 
 SOURCE = Path(__file__).with_name("read_floor.cu")
+# the hand-written Q4_0 matvecs of read_floor.cu, each timed over its launch sizes
+MATVEC_DESIGNS = {"matvec": "float x, rows a warp, words a lane", "matvec_without_x": "the same without x's loads (not a matvec)",
+                  "matvec_staged": "x staged in shared memory, a thread a block", "matvec_rows": "a warp a row at a time, x in registers",
+                  "matvec_dp4a": "x quantized to 8 bits, dp4a (llama.cpp's way; x's quantization not timed)"}
 
 def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[dict, list[dict]]:
   """One journal record: the fastest read of a [rows, cols] weight's bytes (us a kernel, GB/s) and its launch size,
-  against the copy of the same run (and the hand-written matvec's fastest, for Q4_0); and every launch size's result.
-  Raises RuntimeError where nvcc or the run fails, or the matvec is wrong."""
+  against the copy of the same run (and for Q4_0 each hand-written matvec design's fastest); and every launch size's
+  result. Raises RuntimeError where nvcc or the run fails, or a matvec is wrong."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t = GGMLQuantizationType[ggml_type]
   nbytes, copies = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t)), default_copies(t, rows, cols)
@@ -39,12 +43,14 @@ def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[d
   metrics = {"bytes": nbytes, "copies": copies, "launch_sizes": len(reads), "us": best["us"], "gb_s": best["gb_s"],
              "copy_gb_s": copy["gb_s"], "fraction_of_copy": round(best["gb_s"] / copy["gb_s"], 3)}
   switches = {"launch": f"{best['blocks']}x{best['threads']} unroll {best['unroll']}"}
-  if (matvecs := [r for r in lines if r["kind"] in ("matvec", "matvec_staged", "matvec_dp4a", "matvec_rows")]):
-    if (wrong := [r for r in matvecs if r["rel_err"] > GEMV_TOLERANCE]): raise RuntimeError(f"the CUDA matvec is wrong: {wrong[0]}")
-    fastest = min(matvecs, key=lambda r: r["us"])
-    gb_s = nbytes / fastest["us"] / 1e3
-    switches["cuda_matvec"] = ", ".join(f"{k} {v}" for k, v in fastest.items() if k not in ("us", "rel_err"))
-    metrics.update(cuda_matvec_us=fastest["us"], cuda_matvec_gb_s=round(gb_s, 1), cuda_matvec_fraction_of_copy=round(gb_s / copy["gb_s"], 3))
+  matvecs = [r for r in lines if r["kind"] in MATVEC_DESIGNS]
+  if (wrong := [r for r in matvecs if r["kind"] != "matvec_without_x" and r["rel_err"] > GEMV_TOLERANCE]):
+    raise RuntimeError(f"a CUDA matvec is wrong: {wrong[0]}")
+  for kind in dict.fromkeys(r["kind"] for r in matvecs):   # each design's fastest launch size
+    fastest = min((r for r in matvecs if r["kind"] == kind), key=lambda r: r["us"])
+    metrics[f"{kind}_us"] = fastest["us"]
+    metrics[f"{kind}_fraction_of_copy"] = round(nbytes / fastest["us"] / 1e3 / copy["gb_s"], 3)
+    switches[kind] = ", ".join(f"{k} {v}" for k, v in fastest.items() if k not in ("kind", "us", "rel_err"))
   return {**journal.context(), "model": f"read {ggml_type} {rows}x{cols}", "kind": "read_floor", "switches": switches, "metrics": metrics}, lines
 
 def main() -> None:
@@ -62,11 +68,9 @@ def main() -> None:
   print(f"read floor {a.type} {a.shape}: {m['bytes'] / 1e6:.2f} MB a kernel in {m['us']:.2f} us ({m['gb_s']:.1f} GB/s, "
         f"{m['fraction_of_copy']:.0%} of a copy's {m['copy_gb_s']:.1f} GB/s), best of {m['launch_sizes']} launch sizes: "
         f"{record['switches']['launch']} ({record['device']})")
-  for r in sorted((r for r in runs if r["kind"] == "read"), key=lambda r: r["us"])[:5] + [r for r in runs if r["kind"].startswith("matvec")]:
-    print("  " + ", ".join(f"{k} {v}" for k, v in r.items()))
-  if "cuda_matvec_us" in m:
-    print(f"hand-written CUDA Q4_0 matvec ({record['switches']['cuda_matvec']}): {m['cuda_matvec_us']:.2f} us, "
-          f"{m['cuda_matvec_gb_s']:.1f} GB/s, {m['cuda_matvec_fraction_of_copy']:.0%} of the copy")
+  for kind, what in MATVEC_DESIGNS.items():
+    if f"{kind}_us" in m:
+      print(f"  {m[f'{kind}_us']:6.2f} us ({m[f'{kind}_fraction_of_copy']:.0%} of the copy)  {what}: {record['switches'][kind]}")
 
 if __name__ == "__main__":
   main()
