@@ -65,18 +65,18 @@ def kernel_name(demangled: str) -> str:
     if c == "(" and depth == 0: return name[:i]
   return name
 
-def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, skip: int = 300, count: int = 1500) -> list[dict]:
+def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, skip: int = 300, count: int = 1500, ncu: str = "ncu") -> list[dict]:
   """llama-bench's decode kernels timed one by one by Nsight Compute inside its CUDA graphs, as `tinyzoo profile --ncu`
   times tinygrad's (clocks and caches left as they are): `count` kernels after the first `skip` (the prompt's and warmup's),
   grouped by kernel, launch size and mode (`modes`), each group's median time and its launches. Raises RuntimeError if
   ncu fails."""
   with tempfile.TemporaryDirectory() as tmp:
     log = os.path.join(tmp, "ncu.csv")
-    cmd = ["ncu", "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "none",
+    cmd = [ncu, "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "none",
            "--launch-skip", str(skip), "--launch-count", str(count), "--csv", "--log-file", log,
            binary, "-m", path, "-p", "0", "-n", str(tokens), "-d", str(prompt_tokens), "-ngl", "99", "-r", "1"]
     try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    except FileNotFoundError: raise RuntimeError("profiling llama-bench needs Nsight Compute's ncu on the PATH") from None
+    except FileNotFoundError: raise RuntimeError(f"profiling llama-bench needs Nsight Compute's {ncu!r} on the PATH") from None
     if r.returncode != 0: raise RuntimeError(f"ncu failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
     with open(log) as f: lines = [l for l in f if l.startswith('"')]
   groups: dict[tuple, list[float]] = {}

@@ -1,6 +1,8 @@
 """The pieces of the GPU measurements that run anywhere: the llama-bench peer, the journal's commit on a copied tree,
 the device check's save-and-compare, the gemv-against-copy record and plotting one device's records."""
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 import numpy as np
@@ -100,3 +102,76 @@ def test_a_sweep_times_spans_for_packed_words_only(capsys, monkeypatch):
   lines = [l.split(":")[0] for l in capsys.readouterr().out.splitlines() if "GB/s" in l and "best" not in l]
   assert lines == ["gemv Q4_0 64x256 packed_dot sizes 16,4,4", "gemv Q4_0 64x256 packed_words sizes 16,4,4,1",
                    "gemv Q4_0 64x256 packed_words sizes 16,4,4,2"], lines
+
+FAKE_NCU_LLAMA = '''
+args = sys.argv[1:]
+open(args[args.index("--log-file") + 1], "w").write("""==PROF== Connected to process
+"ID","Kernel Name","Grid Size","Block Size","Metric Name","Metric Unit","Metric Value"
+"0","void mul_mat_vec_q<(ggml_type)2, 1, true>(const void *, float *)","(2048, 1, 1)","(32, 4, 1)","gpu__time_duration.sum","usecond","8.50"
+"1","void mul_mat_vec_q<(ggml_type)2, 1, true>(const void *, float *)","(2048, 1, 1)","(32, 4, 1)","gpu__time_duration.sum","nsecond","4,900"
+"2","void mul_mat_vec_q<(ggml_type)2, 1, true>(const void *, float *)","(2048, 1, 1)","(32, 4, 1)","gpu__time_duration.sum","usecond","8.60"
+"3","rms_norm_f32(const float *, float *)","(1, 1, 1)","(1024, 1, 1)","gpu__time_duration.sum","usecond","4.40"
+""")
+'''
+
+def test_ncu_of_llama_bench_groups_kernels_by_launch_size_and_mode(tmp_path: Path):
+  """llama-bench runs under Nsight Compute like tinyzoo's profile; one kernel and launch size serving weights of two
+  sizes (Llama's attention output and FFN down) is split into its two modes."""
+  ncu = fake_llama_bench(tmp_path, FAKE_NCU_LLAMA)
+  rows = peer_llamacpp.ncu_llama_bench("llama-bench", "model.gguf", 32, 16, ncu=ncu)
+  assert [(r["kernel"], r["launches"], r["median_us"]) for r in rows] == [
+    ("mul_mat_vec_q<(ggml_type)2, 1, true>", 2, 8.55), ("mul_mat_vec_q<(ggml_type)2, 1, true>", 1, 4.9), ("rms_norm_f32", 1, 4.4)]
+  assert rows[0]["grid"] == "(2048, 1, 1)" and rows[0]["total_us"] == 17.1
+  with pytest.raises(RuntimeError, match="needs Nsight Compute"):
+    peer_llamacpp.ncu_llama_bench("llama-bench", "model.gguf", 32, 16, ncu=str(tmp_path / "missing"))
+  with pytest.raises(RuntimeError, match="ncu failed: no llama"):
+    peer_llamacpp.ncu_llama_bench("llama-bench", "model.gguf", 32, 16, ncu=fake_llama_bench(tmp_path, "sys.exit('no llama')"))
+
+def test_kernel_names_keep_template_arguments_and_drop_parameters():
+  assert peer_llamacpp.kernel_name("void k_bin_bcast<&op_add, float>(const float *, int)") == "k_bin_bcast<&op_add, float>"
+  assert peer_llamacpp.kernel_name("void mul_mat_vec_q<(ggml_type)8, 1>(const void *)") == "mul_mat_vec_q<(ggml_type)8, 1>"
+  assert peer_llamacpp.kernel_name("quantize_q8_1") == "quantize_q8_1"
+  assert peer_llamacpp.modes([5.0, 8.5, 4.9, 8.6]) == [[4.9, 5.0], [8.5, 8.6]] and peer_llamacpp.modes([3.0]) == [[3.0]]
+
+def fake_read_floor(monkeypatch, lines: list[dict], nvcc: bool = True) -> list[list[str]]:
+  """read_floor's nvcc and binary replaced: the binary prints `lines`; returns the commands run."""
+  from experiments import read_floor
+  calls = []
+  def run(cmd, **kw):
+    calls.append(cmd)
+    if cmd[0] == "nvcc" and not nvcc: raise FileNotFoundError(cmd[0])
+    return subprocess.CompletedProcess(cmd, 0, "" if cmd[0] == "nvcc" else "".join(json.dumps(l) + "\n" for l in lines), "")
+  monkeypatch.setattr(read_floor.subprocess, "run", run)
+  return calls
+
+def test_read_floor_records_the_fastest_read_and_each_matvec_designs_fastest(monkeypatch):
+  from experiments.read_floor import read_floor
+  reads = [{"kind": "read", "blocks": b, "threads": 128, "unroll": 2, "us": us, "gb_s": 9437184 / us / 1e3} for b, us in ((4224, 4.5), (132, 9.0))]
+  matvecs = [{"kind": "matvec", "rows_per_warp": r, "words_per_thread": 1, "threads": 256, "rel_err": 1e-6, "us": us} for r, us in ((2, 7.5), (4, 8.0))]
+  without_x = {"kind": "matvec_without_x", "rows_per_warp": 2, "words_per_thread": 2, "threads": 64, "rel_err": 0.9, "us": 6.2}
+  calls = fake_read_floor(monkeypatch, reads + matvecs + [without_x, {"kind": "copy", "bytes": 1 << 30, "gb_s": 2800.0}])
+  record, runs = read_floor("Q4_0", 8192, 2048)
+  m = record["metrics"]
+  assert record["kind"] == "read_floor" and record["switches"]["launch"] == "4224x128 unroll 2" and len(runs) == 6
+  assert m["bytes"] == 8192 * 64 * 18 and m["us"] == 4.5 and m["fraction_of_copy"] == round(9437184 / 4.5 / 1e3 / 2800, 3)
+  assert m["matvec_us"] == 7.5 and m["matvec_without_x_us"] == 6.2 and "matvec_dp4a_us" not in m   # without x is no matvec: unchecked
+  assert record["switches"]["matvec"] == "rows_per_warp 2, words_per_thread 1, threads 256"
+  assert calls[1][-2:] == ["8192", "2048"]
+
+def test_read_floor_refuses_a_wrong_matvec_and_a_missing_nvcc(monkeypatch):
+  from experiments.read_floor import read_floor
+  lines = [{"kind": "read", "blocks": 132, "threads": 128, "unroll": 1, "us": 5.0, "gb_s": 1000.0},
+           {"kind": "matvec_dp4a", "rows_per_warp": 1, "threads": 128, "rel_err": 1.0, "us": 6.4}, {"kind": "copy", "bytes": 1, "gb_s": 2800.0}]
+  fake_read_floor(monkeypatch, lines)
+  with pytest.raises(RuntimeError, match="matvec is wrong"): read_floor("Q4_0", 8192, 2048)
+  calls = fake_read_floor(monkeypatch, lines[:1] + lines[2:])
+  assert read_floor("Q8_0", 4096, 2048)[0]["metrics"]["bytes"] == 4096 * 64 * 34 and len(calls[1]) == 4   # no matvec for Q8_0
+  fake_read_floor(monkeypatch, lines, nvcc=False)
+  with pytest.raises(RuntimeError, match="needs CUDA's nvcc"): read_floor("Q4_0", 8192, 2048)
+  with pytest.raises(ValueError, match="unknown GGML type"): read_floor("Q9_9", 8192, 2048)
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")
+def test_read_floor_source_compiles_for_hopper(tmp_path: Path):
+  from experiments.read_floor import SOURCE
+  built = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-c", "-o", str(tmp_path / "read_floor.o"), str(SOURCE)], capture_output=True, text=True)
+  assert built.returncode == 0, built.stderr
