@@ -261,27 +261,28 @@ template <int UNROLL> static void time_reads(const std::vector<uint4 *> &bufs, s
     }
 }
 
-// A Q4_0 weight: the packed_words layout's words and scales, and x, random (seeded), with y in double precision on the host
+// A Q4_0 weight in the packed_words layout (words and fp16 scales), random (seeded), and x
 struct Q4_0Weight {
   int rows, cols, nb;
   std::vector<unsigned> words;
   std::vector<__half> d;
   std::vector<float> x;
-  std::vector<double> want;
-  double top = 0;
-  Q4_0Weight(int rows, int cols) : rows(rows), cols(cols), nb(cols / 32), words((size_t)rows * nb * 4), d((size_t)rows * nb), x(cols), want(rows) {
+  Q4_0Weight(int rows, int cols) : rows(rows), cols(cols), nb(cols / 32), words((size_t)rows * nb * 4), d((size_t)rows * nb), x(cols) {
     srand(1);
     for (auto &w : words) w = ((unsigned)rand() << 16) ^ (unsigned)rand();
     for (auto &v : d) v = __float2half((rand() % 2001 - 1000) * 1e-5f);
     for (auto &v : x) v = (rand() % 2001 - 1000) * 1e-3f;
-    for (int r = 0; r < rows; r++) {
+  }
+  // the weight times xs in double precision: element 16h + 4j + k of block b is nibble h of byte k of its word j
+  std::vector<double> times(const std::vector<float> &xs) const {
+    std::vector<double> y(rows, 0.0);
+    for (int r = 0; r < rows; r++)
       for (int i = 0; i < cols; i++) {
         const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
         const int q = (words[((size_t)r * nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
-        want[r] += (double)__half2float(d[(size_t)r * nb + b]) * (q - 8) * x[i];
+        y[r] += (double)__half2float(d[(size_t)r * nb + b]) * (q - 8) * xs[i];
       }
-      top = fmax(top, fabs(want[r]));
-    }
+    return y;
   }
 };
 
@@ -307,65 +308,69 @@ struct DeviceWeights {
   }
 };
 
-// the matvec on every copy in turn (one kernel each, chained as the reads are), each workgroup size, checked first on
-// the first copy against the host (not without x, whose result is another)
-template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+// One launch size of a matvec: run on the first copy and checked against `want` (none: not checked), then timed on every
+// copy in turn (one kernel each, chained as the reads are); one JSON line of `kind`, `fields`, its error and us a kernel.
+template <class F>
+static void check_and_time(const char *kind, const char *fields, F launch, const std::vector<double> *want, DeviceWeights &dev, int iters) {
+  launch(0, (cudaStream_t)0);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  double err = 0, top = 0;
+  if (want) {
+    std::vector<float> y(want->size());
+    CHECK(cudaMemcpy(y.data(), dev.y, y.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t r = 0; r < y.size(); r++) { err = fmax(err, fabs(y[r] - (*want)[r])); top = fmax(top, fabs((*want)[r])); }
+  }
+  const float ms = graph_ms((int)dev.words.size(), iters, launch);
+  CHECK(cudaGetLastError());
+  printf("{\"kind\": \"%s\", %s, \"rel_err\": %.2e, \"us\": %.3f}\n", kind, fields, top ? err / top : 0.0, ms * 1e3 / dev.words.size());
+}
+
+template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
   for (int threads : {64, 128, 256}) {
+    char fields[128];
+    snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"words_per_thread\": %d, \"threads\": %d", R, S, threads);
     const int blocks = w.rows / R / (threads / 32);
-    auto launch = [&](int c, cudaStream_t s) { q4_0_matvec<R, S, USE_X><<<blocks, threads, 0, s>>>(dev.words[c], dev.d[c], dev.x, dev.y, w.rows, w.nb); };
-    launch(0, 0);
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    std::vector<float> y(w.rows);
-    CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
-    double err = 0;
-    for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
-    float ms = graph_ms((int)dev.words.size(), iters, launch);
-    CHECK(cudaGetLastError());
-    printf("{\"kind\": \"%s\", \"rows_per_warp\": %d, \"words_per_thread\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n",
-           USE_X ? "matvec" : "matvec_without_x", R, S, threads, USE_X ? err / w.top : 0.0, ms * 1e3 / dev.words.size());
+    check_and_time(USE_X ? "matvec" : "matvec_without_x", fields, [&](int c, cudaStream_t s) {
+      q4_0_matvec<R, S, USE_X><<<blocks, threads, 0, s>>>(dev.words[c], dev.d[c], dev.x, dev.y, w.rows, w.nb);
+    }, USE_X ? &want : nullptr, dev, iters);
   }
 }
 
-template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
-  if (w.cols != 2048 || w.rows % (4 * P)) return;
-  auto launch = [&](int c, cudaStream_t s) { q4_0_matvec_staged<P><<<w.rows / (4 * P), 256, 0, s>>>((const uint4 *)dev.words[c], dev.d[c], (const float4 *)dev.x, dev.y); };
-  launch(0, 0);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
-  std::vector<float> y(w.rows);
-  CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
-  double err = 0;
-  for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
-  float ms = graph_ms((int)dev.words.size(), iters, launch);
-  CHECK(cudaGetLastError());
-  printf("{\"kind\": \"matvec_staged\", \"rows_per_thread\": %d, \"threads\": 256, \"rel_err\": %.2e, \"us\": %.3f}\n", P, err / w.top,
-         ms * 1e3 / dev.words.size());
+template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
+  char fields[64];
+  snprintf(fields, sizeof fields, "\"rows_per_thread\": %d, \"threads\": 256", P);
+  check_and_time("matvec_staged", fields, [&](int c, cudaStream_t s) {
+    q4_0_matvec_staged<P><<<w.rows / (4 * P), 256, 0, s>>>((const uint4 *)dev.words[c], dev.d[c], (const float4 *)dev.x, dev.y);
+  }, &want, dev, iters);
 }
 
-// x quantized to 8 bits a block as llama.cpp's q8_1, checked against the host's y of that quantized x
+static void time_rows(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
+  for (int threads : {256, 512})
+    for (int blocks : {132, 264, 528, 1056}) {
+      char fields[64];
+      snprintf(fields, sizeof fields, "\"blocks\": %d, \"threads\": %d", blocks, threads);
+      check_and_time("matvec_rows", fields, [&](int c, cudaStream_t s) {
+        q4_0_matvec_rows<<<blocks, threads, 0, s>>>((const uint4 *)dev.words[c], (const __half2 *)dev.d[c], (const float4 *)dev.x, dev.y, w.rows);
+      }, &want, dev, iters);
+    }
+}
+
+// x quantized to 8 bits a block as llama.cpp's q8_1 (scaled to the block's largest magnitude), checked against the
+// host's product with that quantized x
 template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
   std::vector<signed char> x8(w.cols);
   std::vector<float> xd(w.nb), xq(w.cols);
   for (int b = 0; b < w.nb; b++) {
-    float top = 0;
-    for (int i = 0; i < 32; i++) top = fmaxf(top, fabsf(w.x[b * 32 + i]));
-    xd[b] = top / 127;
+    float largest = 0;
+    for (int i = 0; i < 32; i++) largest = fmaxf(largest, fabsf(w.x[b * 32 + i]));
+    xd[b] = largest / 127;
     for (int i = 0; i < 32; i++) {
       x8[b * 32 + i] = (signed char)lrintf(xd[b] ? w.x[b * 32 + i] / xd[b] : 0);
       xq[b * 32 + i] = x8[b * 32 + i] * xd[b];
     }
   }
-  std::vector<double> want(w.rows, 0.0);
-  double top = 0;
-  for (int r = 0; r < w.rows; r++) {
-    for (int i = 0; i < w.cols; i++) {
-      const int b = i / 32, e = i % 32, h = e / 16, j = e % 16 / 4, k = e % 4;
-      const int q = (w.words[((size_t)r * w.nb + b) * 4 + j] >> (8 * k + 4 * h)) & 15;
-      want[r] += (double)__half2float(w.d[(size_t)r * w.nb + b]) * (q - 8) * xq[i];
-    }
-    top = fmax(top, fabs(want[r]));
-  }
+  const std::vector<double> want = w.times(xq);
   int *dx8;
   float *dxd;
   CHECK(cudaMalloc(&dx8, w.cols));
@@ -373,51 +378,42 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
   CHECK(cudaMemcpy(dx8, x8.data(), w.cols, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dxd, xd.data(), w.nb * 4, cudaMemcpyHostToDevice));
   for (int threads : {64, 128, 256}) {
-    auto launch = [&](int c, cudaStream_t s) {
+    char fields[64];
+    snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"threads\": %d", R, threads);
+    check_and_time("matvec_dp4a", fields, [&](int c, cudaStream_t s) {
       q4_0_matvec_dp4a<R><<<w.rows / R / (threads / 32), threads, 0, s>>>(dev.words[c], dev.d[c], dx8, dxd, dev.y, w.rows, w.nb);
-    };
-    launch(0, 0);
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    std::vector<float> y(w.rows);
-    CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
-    double err = 0;
-    for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - want[r]));
-    float ms = graph_ms((int)dev.words.size(), iters, launch);
-    CHECK(cudaGetLastError());
-    printf("{\"kind\": \"matvec_dp4a\", \"rows_per_warp\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", R, threads, err / top,
-           ms * 1e3 / dev.words.size());
+    }, &want, dev, iters);
   }
   CHECK(cudaFree(dx8));
   CHECK(cudaFree(dxd));
 }
 
-static void time_rows(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
-  if (w.cols != 2048) return;
-  for (int threads : {256, 512})
-    for (int blocks : {132, 264, 528, 1056}) {
-      auto launch = [&](int c, cudaStream_t s) {
-        q4_0_matvec_rows<<<blocks, threads, 0, s>>>((const uint4 *)dev.words[c], (const __half2 *)dev.d[c], (const float4 *)dev.x, dev.y, w.rows);
-      };
-      launch(0, 0);
-      CHECK(cudaGetLastError());
-      CHECK(cudaDeviceSynchronize());
-      std::vector<float> y(w.rows);
-      CHECK(cudaMemcpy(y.data(), dev.y, w.rows * 4, cudaMemcpyDeviceToHost));
-      double err = 0;
-      for (int r = 0; r < w.rows; r++) err = fmax(err, fabs(y[r] - w.want[r]));
-      float ms = graph_ms((int)dev.words.size(), iters, launch);
-      CHECK(cudaGetLastError());
-      printf("{\"kind\": \"matvec_rows\", \"blocks\": %d, \"threads\": %d, \"rel_err\": %.2e, \"us\": %.3f}\n", blocks, threads, err / w.top,
-             ms * 1e3 / dev.words.size());
-    }
-}
-
-template <int R> static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
-  time_matvec<R, 1, true>(w, dev, iters);
-  time_matvec<R, 2, true>(w, dev, iters);
-  time_matvec<R, 4, true>(w, dev, iters);
-  time_matvec<R, 2, false>(w, dev, iters);
+// every design over its launch sizes; the staged and row-at-a-time ones are written for 2048 columns
+static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
+  const std::vector<double> want = w.times(w.x);
+  if (w.cols == 2048) {
+    time_rows(w, dev, want, iters);
+    time_staged<1>(w, dev, want, iters);
+    time_staged<2>(w, dev, want, iters);
+    time_staged<4>(w, dev, want, iters);
+    time_staged<8>(w, dev, want, iters);
+  }
+  time_dp4a<1>(w, dev, iters);
+  time_dp4a<2>(w, dev, iters);
+  time_dp4a<4>(w, dev, iters);
+  time_dp4a<8>(w, dev, iters);
+  time_matvec<2, 1, true>(w, dev, want, iters);
+  time_matvec<2, 2, true>(w, dev, want, iters);
+  time_matvec<2, 4, true>(w, dev, want, iters);
+  time_matvec<2, 2, false>(w, dev, want, iters);
+  time_matvec<4, 1, true>(w, dev, want, iters);
+  time_matvec<4, 2, true>(w, dev, want, iters);
+  time_matvec<4, 4, true>(w, dev, want, iters);
+  time_matvec<4, 2, false>(w, dev, want, iters);
+  time_matvec<8, 1, true>(w, dev, want, iters);
+  time_matvec<8, 2, true>(w, dev, want, iters);
+  time_matvec<8, 4, true>(w, dev, want, iters);
+  time_matvec<8, 2, false>(w, dev, want, iters);
 }
 
 int main(int argc, char **argv) {
@@ -443,18 +439,7 @@ int main(int argc, char **argv) {
     for (auto &b : bufs) CHECK(cudaFree(b));
     const Q4_0Weight w(atoi(argv[4]), atoi(argv[5]));
     DeviceWeights dev(w, copies);
-    time_rows(w, dev, iters);
-    time_dp4a<1>(w, dev, iters);
-    time_dp4a<2>(w, dev, iters);
-    time_dp4a<4>(w, dev, iters);
-    time_dp4a<8>(w, dev, iters);
-    time_staged<1>(w, dev, iters);
-    time_staged<2>(w, dev, iters);
-    time_staged<4>(w, dev, iters);
-    time_staged<8>(w, dev, iters);
-    time_matvecs<2>(w, dev, iters);
-    time_matvecs<4>(w, dev, iters);
-    time_matvecs<8>(w, dev, iters);
+    time_matvecs(w, dev, iters);
   }
   printf("{\"kind\": \"copy\", \"bytes\": %zu, \"gb_s\": %.1f}\n", big, 2.0 * big / ms / 1e6);
   return 0;
