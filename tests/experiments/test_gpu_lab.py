@@ -148,7 +148,8 @@ def test_read_floor_records_the_fastest_read_and_each_matvec_designs_fastest(mon
   from experiments.read_floor import read_floor
   reads = [{"kind": "read", "blocks": b, "threads": 128, "unroll": 2, "us": us, "gb_s": 9437184 / us / 1e3}
            for b, us in ((4224, 4.5), (132, 9.0))]
-  matvecs = [{"kind": "matvec", "rows_per_warp": r, "words_per_thread": 1, "threads": 256, "rel_err": 1e-6, "us": us} for r, us in ((2, 7.5), (4, 8.0))]
+  matvecs = [{"kind": "matvec", "rows_per_warp": r, "words_per_thread": 1, "threads": 256, "rel_err": 1e-6, "us": us}
+             for r, us in ((2, 7.5), (4, 8.0))]
   without_x = {"kind": "matvec_without_x", "rows_per_warp": 2, "words_per_thread": 2, "threads": 64, "rel_err": 0.9, "us": 6.2}
   calls = fake_read_floor(monkeypatch, reads + matvecs + [without_x, {"kind": "copy", "bytes": 1 << 30, "gb_s": 2800.0}])
   record, runs = read_floor("Q4_0", 8192, 2048)
