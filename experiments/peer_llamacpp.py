@@ -67,9 +67,9 @@ def kernel_name(demangled: str) -> str:
 
 def ncu_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, skip: int = 300, count: int = 1500, ncu: str = "ncu") -> list[dict]:
   """llama-bench's decode kernels timed one by one by Nsight Compute inside its CUDA graphs, as `tinyzoo profile --ncu`
-  times tinygrad's (clocks and caches left as they are): `count` kernels after the first `skip` (the prompt's and warmup's),
-  grouped by kernel, launch size and mode (`modes`), each group's median time and its launches. Raises RuntimeError if
-  ncu fails."""
+  times tinygrad's (clocks and caches left as they are): `count` kernels after the first `skip` (most of the warmup's; a
+  prompt's own kernels, such as mul_mat_q, keep lines of their own), grouped by kernel, launch size and mode (`modes`),
+  each group's median time and its launches. Raises RuntimeError if ncu fails."""
   with tempfile.TemporaryDirectory() as tmp:
     log = os.path.join(tmp, "ncu.csv")
     cmd = [ncu, "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "none",
