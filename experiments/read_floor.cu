@@ -9,8 +9,12 @@
 // lane), matvec_without_x (the same with x's loads left out: what they cost), matvec_staged (x in shared memory, a
 // thread a block), matvec_rows (a warp a row at a time, x in registers, the next row's loads first) and matvec_dp4a
 // (x quantized to 8 bits a block, as llama.cpp's matvecs read it): what a gemv written for this GPU reaches beside the
-// read alone. CUDA C rather than tinygrad: it measures the machine and what any kernel reaches, not a kernel generator.
+// read alone. The read and the matvecs over float or 8-bit x are also timed chained by programmatic dependent launch
+// (Hopper's PDL, kinds suffixed _overlapped and _prefetched): what a gemv reaches once a kernel's launch and start
+// overlap the tail of the one before it. CUDA C rather than tinygrad: it measures the machine and what any kernel
+// reaches, not a kernel generator.
 #include <cstdio>
+#include <type_traits>
 #include <cstdlib>
 #include <vector>
 #include <cmath>
@@ -19,8 +23,50 @@
 
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
-template <int UNROLL>
+// How a kernel follows the one before it in a chain. ALONE: it starts once that one has ended (a graph edge). OVERLAPPED:
+// launched for programmatic dependent launch, it lets the next kernel launch as soon as all its own workgroups have
+// started, and waits for the one before (to have ended, its writes visible) on entry, so that its launch and its
+// workgroups' start overlap that one's tail. PREFETCHED: the same, and before waiting each workgroup asks the L2 for its
+// even share of the kernel's weight bytes, which no kernel before it writes: the weight streams in during that tail too.
+// A generic entry, as a kernel generator could add to any kernel; the waits come before every load of x.
+enum Chain { ALONE, OVERLAPPED, PREFETCHED };
+static const char *const CHAIN_SUFFIX[] = {"", "_overlapped", "_prefetched"};
+
+__device__ __forceinline__ void prefetch_share(const void *buf, size_t bytes) {
+  const size_t share = (bytes / gridDim.x + 15) / 16 * 16, start = share * blockIdx.x;
+  if (start < bytes) {
+    const unsigned n = (unsigned)((share < bytes - start ? share : bytes - start) / 16 * 16);
+    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)buf + start), "r"(n) : "memory");
+  }
+}
+
+template <int C> __device__ __forceinline__ void enter(const void *weight, size_t weight_bytes, const void *scales = nullptr, size_t scale_bytes = 0) {
+  if (C == ALONE) return;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (C == PREFETCHED && threadIdx.x == 0) {
+    prefetch_share(weight, weight_bytes);
+    if (scales) prefetch_share(scales, scale_bytes);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// `kernel` on `stream`, for programmatic dependent launch unless `chain` is ALONE
+template <class... P, class... A> static void launch(int chain, void (*kernel)(P...), int blocks, int threads, cudaStream_t stream, A... args) {
+  cudaLaunchAttribute pdl = {};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = chain != ALONE;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &pdl;
+  config.numAttrs = 1;
+  CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <int UNROLL, int C>
 __global__ void read_words(const uint4 *__restrict__ src, size_t n, unsigned *__restrict__ out) {
+  enter<C>(src, n * 16);
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   unsigned acc = 0;
@@ -45,9 +91,10 @@ template <> struct Words<1> { using T = unsigned; static __device__ unsigned at(
 template <> struct Words<2> { using T = uint2; static __device__ unsigned at(T v, int i) { return i ? v.y : v.x; } };
 template <> struct Words<4> { using T = uint4; static __device__ unsigned at(T v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; } };
 
-template <int R, int S, bool USE_X>
+template <int R, int S, bool USE_X, int C>
 __global__ void q4_0_matvec(const unsigned *__restrict__ words, const __half *__restrict__ d, const float *__restrict__ x,
                             float *__restrict__ y, int rows, int blocks_per_row) {
+  enter<C>(words, (size_t)rows * blocks_per_row * 16, d, (size_t)rows * blocks_per_row * 2);
   using W = Words<S>;
   const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R, row_words = blocks_per_row * 4;
   if (row0 >= rows) return;
@@ -97,9 +144,10 @@ __global__ void q4_0_matvec(const unsigned *__restrict__ words, const __half *__
 // 4 apart: its P blocks' loads issued first, then the workgroup stages x in shared memory as [float4 e][block b], so
 // that a warp reads a block's activations without bank conflicts, and each thread keeps its block's 32 in registers
 // for all its rows.
-template <int P>
+template <int P, int C>
 __global__ void __launch_bounds__(256) q4_0_matvec_staged(const uint4 *__restrict__ words, const __half *__restrict__ d,
-                                                          const float4 *__restrict__ x, float *__restrict__ y) {
+                                                          const float4 *__restrict__ x, float *__restrict__ y, int rows) {
+  enter<C>(words, (size_t)rows * 64 * 16, d, (size_t)rows * 64 * 2);
   __shared__ float4 xs[8 * 64];
   __shared__ float partial[8][P];
   const int t = threadIdx.x, b = t & 63, row0 = blockIdx.x * 4 * P + (t >> 6);
@@ -144,9 +192,10 @@ __global__ void __launch_bounds__(256) q4_0_matvec_staged(const uint4 *__restric
 
 // As llama.cpp's: x quantized to 8 bits a 32-element block (x8, its scales xd), so that 4 products are one dp4a: R rows
 // a warp, a word a lane. Word j's low nibbles are elements 4j + k, its high ones 16 + 4j + k: x8's words j and 4 + j.
-template <int R>
+template <int R, int C>
 __global__ void q4_0_matvec_dp4a(const unsigned *__restrict__ words, const __half *__restrict__ d, const int *__restrict__ x8,
                                  const float *__restrict__ xd, float *__restrict__ y, int rows, int blocks_per_row) {
+  enter<C>(words, (size_t)rows * blocks_per_row * 16, d, (size_t)rows * blocks_per_row * 2);
   const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R, row_words = blocks_per_row * 4;
   if (row0 >= rows) return;
   float acc[R] = {};
@@ -249,15 +298,22 @@ template <class F> static float graph_ms(int copies, int iters, F launch) {
   return ms / iters;
 }
 
-template <int UNROLL> static void time_reads(const std::vector<uint4 *> &bufs, size_t words, unsigned *out, size_t bytes, int iters) {
+// f(std::integral_constant<int, C>()) for each Chain C
+template <class F> static void for_each_chain(F f) {
+  f(std::integral_constant<int, ALONE>());
+  f(std::integral_constant<int, OVERLAPPED>());
+  f(std::integral_constant<int, PREFETCHED>());
+}
+
+template <int UNROLL, int C> static void time_reads(const std::vector<uint4 *> &bufs, size_t words, unsigned *out, size_t bytes, int iters) {
   const int copies = (int)bufs.size();
   for (int threads : {128, 256, 512, 1024})
     for (int blocks : {132, 264, 528, 1056, 2112, 4224, 8448}) {
       if ((size_t)blocks * threads > words) continue;
-      float ms = graph_ms(copies, iters, [&](int c, cudaStream_t s) { read_words<UNROLL><<<blocks, threads, 0, s>>>(bufs[c], words, out); });
+      float ms = graph_ms(copies, iters, [&](int c, cudaStream_t s) { launch(C, read_words<UNROLL, C>, blocks, threads, s, bufs[c], words, out); });
       CHECK(cudaGetLastError());
-      printf("{\"kind\": \"read\", \"blocks\": %d, \"threads\": %d, \"unroll\": %d, \"us\": %.3f, \"gb_s\": %.1f}\n", blocks, threads, UNROLL,
-             ms * 1e3 / copies, (double)bytes * copies / ms / 1e6);
+      printf("{\"kind\": \"read%s\", \"blocks\": %d, \"threads\": %d, \"unroll\": %d, \"us\": %.3f, \"gb_s\": %.1f}\n", CHAIN_SUFFIX[C], blocks,
+             threads, UNROLL, ms * 1e3 / copies, (double)bytes * copies / ms / 1e6);
     }
 }
 
@@ -308,41 +364,60 @@ struct DeviceWeights {
   }
 };
 
-// One launch size of a matvec: run on the first copy and checked against `want` (none: not checked), then timed on every
-// copy in turn (one kernel each, chained as the reads are); one JSON line of `kind`, `fields`, its error and us a kernel.
-template <class F>
-static void check_and_time(const char *kind, const char *fields, F launch, const std::vector<double> *want, DeviceWeights &dev, int iters) {
-  launch(0, (cudaStream_t)0);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
+// The largest difference of the device's y from `want`, relative to want's largest magnitude
+static double relative_error(const std::vector<double> &want, const DeviceWeights &dev) {
+  std::vector<float> y(want.size());
+  CHECK(cudaMemcpy(y.data(), dev.y, y.size() * 4, cudaMemcpyDeviceToHost));
   double err = 0, top = 0;
-  if (want) {
-    std::vector<float> y(want->size());
-    CHECK(cudaMemcpy(y.data(), dev.y, y.size() * 4, cudaMemcpyDeviceToHost));
-    for (size_t r = 0; r < y.size(); r++) { err = fmax(err, fabs(y[r] - (*want)[r])); top = fmax(top, fabs((*want)[r])); }
-  }
+  for (size_t r = 0; r < y.size(); r++) { err = fmax(err, fabs(y[r] - want[r])); top = fmax(top, fabs(want[r])); }
+  return top ? err / top : 0.0;
+}
+
+// One launch size of a matvec: run on the first copy and checked against `want` (none: not checked), then timed on every
+// copy in turn (one kernel each, chained as the reads are) and the last one's y checked again; one JSON line of `kind`
+// with `suffix`, `fields`, the larger error and us a kernel.
+template <class F>
+static void check_and_time(const char *kind, const char *suffix, const char *fields, F launch, const std::vector<double> *want,
+                           DeviceWeights &dev, int iters) {
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  launch(0, s);
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaStreamDestroy(s));
+  const double err = want ? relative_error(*want, dev) : 0.0;
   const float ms = graph_ms((int)dev.words.size(), iters, launch);
   CHECK(cudaGetLastError());
-  printf("{\"kind\": \"%s\", %s, \"rel_err\": %.2e, \"us\": %.3f}\n", kind, fields, top ? err / top : 0.0, ms * 1e3 / dev.words.size());
+  printf("{\"kind\": \"%s%s\", %s, \"rel_err\": %.2e, \"us\": %.3f}\n", kind, suffix, fields, want ? fmax(err, relative_error(*want, dev)) : 0.0,
+         ms * 1e3 / dev.words.size());
 }
 
 template <int R, int S, bool USE_X> static void time_matvec(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
-  for (int threads : {64, 128, 256}) {
-    char fields[128];
-    snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"words_per_thread\": %d, \"threads\": %d", R, S, threads);
-    const int blocks = w.rows / R / (threads / 32);
-    check_and_time(USE_X ? "matvec" : "matvec_without_x", fields, [&](int c, cudaStream_t s) {
-      q4_0_matvec<R, S, USE_X><<<blocks, threads, 0, s>>>(dev.words[c], dev.d[c], dev.x, dev.y, w.rows, w.nb);
-    }, USE_X ? &want : nullptr, dev, iters);
-  }
+  for_each_chain([&](auto chain) {
+    constexpr int C = decltype(chain)::value;
+    if constexpr (USE_X || C == ALONE) {   // without x only alone
+      for (int threads : {64, 128, 256}) {
+        char fields[128];
+        snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"words_per_thread\": %d, \"threads\": %d", R, S, threads);
+        const int blocks = w.rows / R / (threads / 32);
+        check_and_time(USE_X ? "matvec" : "matvec_without_x", CHAIN_SUFFIX[C], fields, [&](int c, cudaStream_t s) {
+          launch(C, q4_0_matvec<R, S, USE_X, C>, blocks, threads, s, (const unsigned *)dev.words[c], (const __half *)dev.d[c],
+                 (const float *)dev.x, dev.y, w.rows, w.nb);
+        }, USE_X ? &want : nullptr, dev, iters);
+      }
+    }
+  });
 }
 
 template <int P> static void time_staged(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
-  char fields[64];
-  snprintf(fields, sizeof fields, "\"rows_per_thread\": %d, \"threads\": 256", P);
-  check_and_time("matvec_staged", fields, [&](int c, cudaStream_t s) {
-    q4_0_matvec_staged<P><<<w.rows / (4 * P), 256, 0, s>>>((const uint4 *)dev.words[c], dev.d[c], (const float4 *)dev.x, dev.y);
-  }, &want, dev, iters);
+  for_each_chain([&](auto chain) {
+    constexpr int C = decltype(chain)::value;
+    char fields[64];
+    snprintf(fields, sizeof fields, "\"rows_per_thread\": %d, \"threads\": 256", P);
+    check_and_time("matvec_staged", CHAIN_SUFFIX[C], fields, [&](int c, cudaStream_t s) {
+      launch(C, q4_0_matvec_staged<P, C>, w.rows / (4 * P), 256, s, (const uint4 *)dev.words[c], (const __half *)dev.d[c],
+             (const float4 *)dev.x, dev.y, w.rows);
+    }, &want, dev, iters);
+  });
 }
 
 static void time_rows(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
@@ -350,7 +425,7 @@ static void time_rows(const Q4_0Weight &w, DeviceWeights &dev, const std::vector
     for (int blocks : {132, 264, 528, 1056}) {
       char fields[64];
       snprintf(fields, sizeof fields, "\"blocks\": %d, \"threads\": %d", blocks, threads);
-      check_and_time("matvec_rows", fields, [&](int c, cudaStream_t s) {
+      check_and_time("matvec_rows", "", fields, [&](int c, cudaStream_t s) {
         q4_0_matvec_rows<<<blocks, threads, 0, s>>>((const uint4 *)dev.words[c], (const __half2 *)dev.d[c], (const float4 *)dev.x, dev.y, w.rows);
       }, &want, dev, iters);
     }
@@ -377,13 +452,17 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
   CHECK(cudaMalloc(&dxd, w.nb * 4));
   CHECK(cudaMemcpy(dx8, x8.data(), w.cols, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dxd, xd.data(), w.nb * 4, cudaMemcpyHostToDevice));
-  for (int threads : {64, 128, 256}) {
-    char fields[64];
-    snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"threads\": %d", R, threads);
-    check_and_time("matvec_dp4a", fields, [&](int c, cudaStream_t s) {
-      q4_0_matvec_dp4a<R><<<w.rows / R / (threads / 32), threads, 0, s>>>(dev.words[c], dev.d[c], dx8, dxd, dev.y, w.rows, w.nb);
-    }, &want, dev, iters);
-  }
+  for_each_chain([&](auto chain) {
+    constexpr int C = decltype(chain)::value;
+    for (int threads : {64, 128, 256}) {
+      char fields[64];
+      snprintf(fields, sizeof fields, "\"rows_per_warp\": %d, \"threads\": %d", R, threads);
+      check_and_time("matvec_dp4a", CHAIN_SUFFIX[C], fields, [&](int c, cudaStream_t s) {
+        launch(C, q4_0_matvec_dp4a<R, C>, w.rows / R / (threads / 32), threads, s, (const unsigned *)dev.words[c], (const __half *)dev.d[c],
+               (const int *)dx8, (const float *)dxd, dev.y, w.rows, w.nb);
+      }, &want, dev, iters);
+    }
+  });
   CHECK(cudaFree(dx8));
   CHECK(cudaFree(dxd));
 }
@@ -425,10 +504,13 @@ int main(int argc, char **argv) {
   for (auto &b : bufs) { CHECK(cudaMalloc(&b, bytes)); CHECK(cudaMemset(b, 1, bytes)); }
   unsigned *out;
   CHECK(cudaMalloc(&out, 8448 * 1024 / 32 * sizeof(unsigned)));
-  time_reads<1>(bufs, words, out, bytes, iters);
-  time_reads<2>(bufs, words, out, bytes, iters);
-  time_reads<4>(bufs, words, out, bytes, iters);
-  time_reads<8>(bufs, words, out, bytes, iters);
+  for_each_chain([&](auto chain) {
+    constexpr int C = decltype(chain)::value;
+    time_reads<1, C>(bufs, words, out, bytes, iters);
+    time_reads<2, C>(bufs, words, out, bytes, iters);
+    time_reads<4, C>(bufs, words, out, bytes, iters);
+    time_reads<8, C>(bufs, words, out, bytes, iters);
+  });
   const size_t big = (size_t)1 << 30;   // 1 GiB, as experiments/bench.py's copy_bandwidth
   uint4 *src, *dst;
   CHECK(cudaMalloc(&src, big));

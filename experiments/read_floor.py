@@ -1,6 +1,9 @@
 """The floor under a matvec on a CUDA GPU: experiments/read_floor.cu (built here with nvcc) reads one weight's bytes per
 kernel, as fast as any of its launch sizes manages, in a chain of dependent kernels in one CUDA graph, beside a large
-copy in the same run. A gemv cannot read its weight faster than that kernel does, which only reads.
+copy in the same run. A gemv cannot read its weight faster than that kernel does, which only reads, in a chain whose
+kernels each wait for the one before to end. Chained by programmatic dependent launch (Hopper's PDL), a kernel's launch
+and start overlap the tail of the one before (`_overlapped`), and its weight can stream into the L2 then too
+(`_prefetched`): the read and the matvecs are timed that way as well.
   python -m experiments.read_floor --type Q4_0 --shape 8192x2048     (one journal record)"""
 import argparse
 import json
@@ -16,15 +19,19 @@ from experiments import journal
 from experiments.matvec import GEMV_TOLERANCE, default_copies
 
 SOURCE = Path(__file__).with_name("read_floor.cu")
-# the hand-written Q4_0 matvecs of read_floor.cu, each timed over its launch sizes
-MATVEC_DESIGNS = {"matvec": "float x, rows a warp, words a lane", "matvec_without_x": "the same without x's loads (not a matvec)",
-                  "matvec_staged": "x staged in shared memory, a thread a block", "matvec_rows": "a warp a row at a time, x in registers",
-                  "matvec_dp4a": "x quantized to 8 bits, dp4a (llama.cpp's way; x's quantization not timed)"}
+# how read_floor.cu chains a kernel after the one before (the suffix of its kinds)
+CHAINS = {"": "", "_overlapped": ", PDL", "_prefetched": ", PDL + L2 prefetch"}
+# the hand-written Q4_0 matvecs of read_floor.cu, each timed over its launch sizes (the first three chained each way too)
+_DESIGNS = {"matvec": "float x, rows a warp, words a lane", "matvec_staged": "x staged in shared memory, a thread a block",
+            "matvec_dp4a": "x quantized to 8 bits, dp4a (llama.cpp's way; x's quantization not timed)"}
+MATVEC_DESIGNS = {**{kind + chain: what + how for kind, what in _DESIGNS.items() for chain, how in CHAINS.items()},
+                  "matvec_without_x": "float x's design without x's loads (not a matvec)",
+                  "matvec_rows": "a warp a row at a time, x in registers"}
 
 def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[dict, list[dict]]:
   """One journal record: the fastest read of a [rows, cols] weight's bytes (us a kernel, GB/s) and its launch size,
-  against the copy of the same run (and for Q4_0 each hand-written matvec design's fastest); and every launch size's
-  result. Raises RuntimeError where nvcc or the run fails, or a matvec is wrong."""
+  against the copy of the same run, chained each way (and for Q4_0 each hand-written matvec design's fastest); and every
+  launch size's result. Raises RuntimeError where nvcc or the run fails, or a matvec is wrong."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t = GGMLQuantizationType[ggml_type]
   nbytes, copies = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t)), default_copies(t, rows, cols)
@@ -43,6 +50,11 @@ def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[d
   metrics = {"bytes": nbytes, "copies": copies, "launch_sizes": len(reads), "us": best["us"], "gb_s": best["gb_s"],
              "copy_gb_s": copy["gb_s"], "fraction_of_copy": round(best["gb_s"] / copy["gb_s"], 3)}
   switches = {"launch": f"{best['blocks']}x{best['threads']} unroll {best['unroll']}"}
+  for chain in list(CHAINS)[1:]:
+    if (chained := [r for r in lines if r["kind"] == "read" + chain]):
+      fastest = max(chained, key=lambda r: r["gb_s"])
+      metrics[f"read{chain}_us"], metrics[f"read{chain}_fraction_of_copy"] = fastest["us"], round(fastest["gb_s"] / copy["gb_s"], 3)
+      switches["launch" + chain] = f"{fastest['blocks']}x{fastest['threads']} unroll {fastest['unroll']}"
   matvecs = [r for r in lines if r["kind"] in MATVEC_DESIGNS]
   if (wrong := [r for r in matvecs if r["kind"] != "matvec_without_x" and r["rel_err"] > GEMV_TOLERANCE]):
     raise RuntimeError(f"a CUDA matvec is wrong: {wrong[0]}")
@@ -68,6 +80,10 @@ def main() -> None:
   print(f"read floor {a.type} {a.shape}: {m['bytes'] / 1e6:.2f} MB a kernel in {m['us']:.2f} us ({m['gb_s']:.1f} GB/s, "
         f"{m['fraction_of_copy']:.0%} of a copy's {m['copy_gb_s']:.1f} GB/s), best of {m['launch_sizes']} launch sizes: "
         f"{record['switches']['launch']} ({record['device']})")
+  for chain, how in list(CHAINS.items())[1:]:
+    if f"read{chain}_us" in m:
+      print(f"  {m[f'read{chain}_us']:6.2f} us ({m[f'read{chain}_fraction_of_copy']:.0%} of the copy)  the read{how}: "
+            f"{record['switches']['launch' + chain]}")
   for kind, what in MATVEC_DESIGNS.items():
     if f"{kind}_us" in m:
       print(f"  {m[f'{kind}_us']:6.2f} us ({m[f'{kind}_fraction_of_copy']:.0%} of the copy)  {what}: {record['switches'][kind]}")

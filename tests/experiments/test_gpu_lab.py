@@ -151,13 +151,20 @@ def test_read_floor_records_the_fastest_read_and_each_matvec_designs_fastest(mon
   matvecs = [{"kind": "matvec", "rows_per_warp": r, "words_per_thread": 1, "threads": 256, "rel_err": 1e-6, "us": us}
              for r, us in ((2, 7.5), (4, 8.0))]
   without_x = {"kind": "matvec_without_x", "rows_per_warp": 2, "words_per_thread": 2, "threads": 64, "rel_err": 0.9, "us": 6.2}
-  calls = fake_read_floor(monkeypatch, reads + matvecs + [without_x, {"kind": "copy", "bytes": 1 << 30, "gb_s": 2800.0}])
+  chained = [{"kind": "read_overlapped", "blocks": 2112, "threads": 256, "unroll": 1, "us": 3.9, "gb_s": 9437184 / 3.9 / 1e3},
+             {"kind": "matvec_prefetched", "rows_per_warp": 4, "words_per_thread": 2, "threads": 128, "rel_err": 1e-6, "us": 5.6}]
+  copy = {"kind": "copy", "bytes": 1 << 30, "gb_s": 2800.0}
+  calls = fake_read_floor(monkeypatch, reads + matvecs + [without_x, *chained, copy])
   record, runs = read_floor("Q4_0", 8192, 2048)
   m = record["metrics"]
-  assert record["kind"] == "read_floor" and record["switches"]["launch"] == "4224x128 unroll 2" and len(runs) == 6
+  assert record["kind"] == "read_floor" and record["switches"]["launch"] == "4224x128 unroll 2" and len(runs) == 8
   assert m["bytes"] == 8192 * 64 * 18 and m["us"] == 4.5 and m["fraction_of_copy"] == round(9437184 / 4.5 / 1e3 / 2800, 3)
   assert m["matvec_us"] == 7.5 and m["matvec_without_x_us"] == 6.2 and "matvec_dp4a_us" not in m   # without x is no matvec: unchecked
   assert record["switches"]["matvec"] == "rows_per_warp 2, words_per_thread 1, threads 256"
+  # each chaining's fastest read and matvec beside the plain chain's; none timed a chained read by prefetch here
+  assert m["read_overlapped_us"] == 3.9 and m["read_overlapped_fraction_of_copy"] == round(9437184 / 3.9 / 1e3 / 2800, 3)
+  assert record["switches"]["launch_overlapped"] == "2112x256 unroll 1" and "read_prefetched_us" not in m
+  assert m["matvec_prefetched_us"] == 5.6 and "matvec_overlapped_us" not in m
   assert calls[1][-2:] == ["8192", "2048"]
 
 def test_read_floor_refuses_a_wrong_matvec_and_a_missing_nvcc(monkeypatch):
@@ -165,6 +172,8 @@ def test_read_floor_refuses_a_wrong_matvec_and_a_missing_nvcc(monkeypatch):
   lines = [{"kind": "read", "blocks": 132, "threads": 128, "unroll": 1, "us": 5.0, "gb_s": 1000.0},
            {"kind": "matvec_dp4a", "rows_per_warp": 1, "threads": 128, "rel_err": 1.0, "us": 6.4}, {"kind": "copy", "bytes": 1, "gb_s": 2800.0}]
   fake_read_floor(monkeypatch, lines)
+  with pytest.raises(RuntimeError, match="matvec is wrong"): read_floor("Q4_0", 8192, 2048)
+  fake_read_floor(monkeypatch, [lines[0], {**lines[1], "kind": "matvec_dp4a_overlapped"}, lines[2]])   # chained ones are checked too
   with pytest.raises(RuntimeError, match="matvec is wrong"): read_floor("Q4_0", 8192, 2048)
   calls = fake_read_floor(monkeypatch, lines[:1] + lines[2:])
   assert read_floor("Q8_0", 4096, 2048)[0]["metrics"]["bytes"] == 4096 * 64 * 34 and len(calls[1]) == 4   # no matvec for Q8_0
