@@ -1,5 +1,6 @@
 """`tinyzoo bench`: decode in JIT steady state, with kernels per token, ms per token, bytes read against the memory floor,
 capture and compile time, prefill speed, and llama.cpp measured in the same run when it is installed."""
+import contextlib
 import json
 import os
 import statistics
@@ -9,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen import to_program_cache
 from tinygrad.device import Buffer
@@ -20,6 +22,7 @@ from experiments.steady import back_to_back_ms, queued
 from models.catalog import file_sha256
 from models.moe import MoE
 from models.runtime import Runtime, Timing
+from ops.cuda_graph import EDGES_BUILT, programmatic_launch
 from ops.topk import topk_by_name
 from profiles.hints import HINTS, Hints
 from quant.linear import StrategyPlan
@@ -46,6 +49,7 @@ class BenchConfig:
   topk: str = HINTS["topk"].default
   beam: int = HINTS["beam"].default
   jit_batch_size: int = HINTS["jit_batch_size"].default
+  pdl: bool = HINTS["pdl"].default
   rounding: str = "exact"
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
@@ -70,14 +74,16 @@ class BenchConfig:
             "act_in_matmul": self.act_in_matmul, "attention": self.attention, "kv_layout": self.kv_layout, "softmax": self.softmax,
             "row_upcast": self.row_upcast,
             "skip": list(self.skip),
-            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "requant": self.requant,
+            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "pdl": self.pdl, "requant": self.requant,
             "profile": self.profile}
 
   def describe(self) -> str: return changed_switches(self.switches())
 
   def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
 
-  def tinygrad_context(self) -> Context: return Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size)
+  @contextlib.contextmanager
+  def tinygrad_context(self) -> Iterator[None]:
+    with Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size), programmatic_launch(self.pdl): yield
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
@@ -116,6 +122,7 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   # switches (row upcast, BEAM) ask for: start from an empty cache, which also makes compile_s a real compile
   to_program_cache.clear()
   compiled_shapes.clear()
+  edges = EDGES_BUILT["programmatic"]
   t0 = time.perf_counter()
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0
@@ -151,7 +158,8 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
-                        "capture_s": round(steps[1], 2), "load_s": round(load_s, 2)}}
+                        "capture_s": round(steps[1], 2), "load_s": round(load_s, 2),
+                        "programmatic_edges": EDGES_BUILT["programmatic"] - edges}}
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
     per_block = topk_kernels(topk_by_name(cfg.topk), moe[0].n_experts, moe[0].n_used, rt.device)
     record["metrics"]["topk"] = {"algorithm": cfg.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}

@@ -15,6 +15,7 @@ from tinygrad import Device
 from experiments.kernels import replay_kernels
 from models.catalog import file_sha256, resolve_model
 from ops.attention import LAYOUTS, SOFTMAXES
+from ops.cuda_graph import EDGES_BUILT, programmatic_launch
 from ops.norm import NORMS
 from models.runtime import Runtime
 from ops.sampling import Sampler, SamplerParams
@@ -95,6 +96,7 @@ def main() -> None:
                  "CPU reference)")
   p.add_argument("--act-in-matmul", action="store_true", help="the FFN activation computed by the gate and up matmul's kernel")
   p.add_argument("--softmax", choices=SOFTMAXES, default="max", help="attention's softmax stabilizer (default max, as the CPU reference)")
+  p.add_argument("--pdl", action="store_true", help="graphs chained by programmatic dependent launch (ops/cuda_graph.py)")
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
@@ -102,8 +104,13 @@ def main() -> None:
   if a.save:
     if not a.presets: p.error("--save needs presets")
     save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy)
-  else: sys.exit(0 if against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul,
-                              softmax=a.softmax) else 1)
+  else:
+    with programmatic_launch(a.pdl):
+      ok = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul, softmax=a.softmax)
+    if a.pdl:   # a check of kernels chained by programmatic launch that made none is no check of it
+      print(f"programmatic edges built: {EDGES_BUILT['programmatic']}" + ("" if EDGES_BUILT["programmatic"] else " (PDL NOT IN EFFECT)"))
+      ok &= EDGES_BUILT["programmatic"] > 0
+    sys.exit(0 if ok else 1)
 
 if __name__ == "__main__":
   main()

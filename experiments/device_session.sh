@@ -13,8 +13,8 @@
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
-# A check, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each
-# (check takes --norm, --kv-layout, --act-in-matmul and --softmax alone).
+# A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each
+# (check takes --norm, --kv-layout, --act-in-matmul, --softmax and --pdl alone; gemv --pdl alone).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail
@@ -51,7 +51,7 @@ for item in "$@"; do
              [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
     check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
-            python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" || status=1 ;;
+            python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" "${flags[@]}" || status=1 ;;
     floor:*) IFS=: read -r _ type shape <<< "$step"
              python3 -m experiments.read_floor --type "$type" --shape "$shape" || status=1 ;;
     tune:*) IFS=: read -r _ type shapes <<< "$step"

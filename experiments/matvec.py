@@ -16,6 +16,7 @@ from quant.random_blocks import random_blocks
 from tinygrad.codegen import to_program_cache
 from quant.matvec_opts import Sizes, compiled_shapes, forced_gpu_sizes, use_row_upcast
 from experiments.steady import steady_state
+from ops.cuda_graph import EDGES_BUILT, programmatic_launch
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
   chosen = [s.strip() for s in strategies.split(",") if s.strip()]
@@ -68,12 +69,13 @@ def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
   return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6, m.pipelined_ms * 1e3 / copies
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
-                   sweep: list[Sizes | None] | None = None) -> list[dict]:
+                   sweep: list[Sizes | None] | None = None, pdl: bool = False) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
   replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run
   (a large one, and one a weight's size per kernel as many times):
   one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel
-  shape it timed and whether its output matched numpy."""
+  shape it timed and whether its output matched numpy. `pdl`: the matvecs chained by programmatic dependent launch
+  (ops/cuda_graph.py)."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
   copies = copies or default_copies(t, rows, cols)
@@ -86,16 +88,18 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   for sizes in sweep or [None]:
     to_program_cache.clear()   # the same kernel graph under new sizes must compile again
     compiled_shapes.clear()
-    with forced_gpu_sizes(sizes):   # one kernel per weight, as in a model
+    edges = EDGES_BUILT["programmatic"]
+    with forced_gpu_sizes(sizes), programmatic_launch(pdl):   # one kernel per weight, as in a model
       m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)
       err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
     gb_s = read / m.pipelined_ms / 1e6   # device time: the host's ~0.1 ms per synchronized call would swamp small weights
-    switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {})}
+    switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {})}
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
                     "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "copies": copies,
                                 "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,
                                 "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3),
-                                "copy_at_size_gb_s": round(copy_at_size, 1), "copy_at_size_us": round(copy_at_size_us, 2)}})
+                                "copy_at_size_gb_s": round(copy_at_size, 1), "copy_at_size_us": round(copy_at_size_us, 2),
+                                "programmatic_edges": EDGES_BUILT["programmatic"] - edges}})
   return records

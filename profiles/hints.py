@@ -71,6 +71,9 @@ HINTS: dict[str, Hint] = {
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
   "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
   "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),
+  "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch once its "
+              "workgroups have started and waits on entry for the ones before it, so that a kernel's launch and start overlap the tail "
+              "of the one before (ops/cuda_graph.py)"),
 }
 
 def check(name: str, value: Any) -> Any:

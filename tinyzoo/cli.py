@@ -40,7 +40,7 @@ def cmd_matvec(args) -> None:
     for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
       # the span (a fourth size) splits packed_words blocks only: other strategies time each (T, B, R) once
       sizes_tried = sweep if strategy == "packed_words" else list(dict.fromkeys(s[:3] if s else s for s in sweep))
-      for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried), sizes_tried):
+      for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried, args.pdl), sizes_tried):
         if not args.no_journal: journal.append(record)
         m, shape = record["metrics"], record["kernel_shape"]
         if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
@@ -215,6 +215,9 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
   s.add_argument("--topk", choices=TOPK_ALGORITHMS,
                  help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels in a model) or sort "
                       "(tinygrad's Tensor.topk). Default pairwise")
+  s.add_argument("--pdl", action=on_off, help="programmatic dependent launch in CUDA graphs, on sm_90 and later (Hopper): each kernel lets "
+                 "the next one launch once its own workgroups have started and waits on entry for the kernels before it, so that a "
+                 "kernel's launch and start overlap the tail of the one before; the same results (default off)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_row_upcast_option(s, hint=True)
@@ -261,6 +264,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
                  "(profiles/<device>.yaml), which bench, run and matvec then use")
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
+  s.add_argument("--pdl", action="store_true", help="with --shape on an sm_90 or later CUDA GPU: the matvecs chained by programmatic "
+                 "dependent launch, each one's launch and start overlapping the one before (see `tinyzoo bench --help`)")
   add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)
 

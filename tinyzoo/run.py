@@ -1,20 +1,28 @@
 """`tinyzoo run` (stream a generation) and `tinyzoo logits` (top logits and greedy tokens as JSON)."""
+import contextlib
 import json
 import sys
+from typing import Iterator
 from models.catalog import resolve_model
 from models.runtime import Runtime, Timing
+from ops.cuda_graph import programmatic_launch
 from tinygrad.helpers import Context
 from ops.sampling import Sampler, SamplerParams
 
-def load(args) -> tuple[Runtime, Context]:
-  """The model built from its resolved kernel hints, and the tinygrad settings (BEAM, JIT batch size) to run it under."""
+def load(args) -> tuple[Runtime, contextlib.AbstractContextManager]:
+  """The model built from its resolved kernel hints, and the tinygrad settings (BEAM, JIT batch size, programmatic launch)
+  to run it under."""
   from tinyzoo.cli import model_hints
   h = model_hints(args, path := resolve_model(args.model))
   rt = Runtime(path, max_context=args.ctx, strategy=h["strategy"], rounding=args.rounding, fuse=h["fuse"], progress=sys.stderr.isatty(),
                row_upcast=h["row_upcast"], topk=h["topk"], norm=h["norm"], act_break=h["act_break"], attention=h["attention"],
                kv_layout=h["kv_layout"], act_in_matmul=h["act_in_matmul"], softmax=h["softmax"], profile=not args.no_profile)
+  return rt, _settings(h)
+
+@contextlib.contextmanager
+def _settings(h) -> Iterator[None]:
   # hints at their defaults leave tinygrad's own BEAM and JIT_BATCH_SIZE environment in force
-  return rt, Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"})
+  with Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"}), programmatic_launch(h["pdl"]): yield
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)

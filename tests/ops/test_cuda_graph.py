@@ -1,6 +1,14 @@
 """The CUDA graph shim (ops/cuda_graph.py), on any machine: launch sizes evaluated while a graph is built are at least 1,
-the real sizes are untouched, and install() wraps tinygrad's CUDAGraph constructor once. On a GPU,
+the real sizes are untouched, and install() wraps tinygrad's CUDAGraph constructor once; programmatic launch renders
+its entry and joins the kernels that wait by programmatic edges. On a GPU,
 experiments/device_check.py shows decode replaying as graphs (its results are in the journal's notes and the README)."""
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+import pytest
+from tinygrad import Tensor
 from tinygrad.runtime.graph.cuda import CUDAGraph
 from tinygrad.uop.ops import ProgramInfo, UOp
 from ops import cuda_graph
@@ -27,3 +35,71 @@ def test_install_wraps_the_graph_constructor_once(monkeypatch):
   CUDAGraph.__init__(object.__new__(CUDAGraph), None)
   assert seen == [((1, 2, 1), (1, 1, 1))]
   assert program().launch_dims({"toks": 0})[0] == (0, 2, 1), "only while the graph is built"
+
+def test_programmatic_launch_renders_the_entry_on_sm_90_and_later_only():
+  """Inside programmatic_launch a kernel rendered for sm_90 or later begins with ENTRY (let the next launch, then wait);
+  outside it, or for an older GPU, the kernel is as tinygrad renders it."""
+  from tests.quant.test_matvec_opts import cuda_source
+  x = Tensor.randn(64, 32).realize()
+  with cuda_graph.programmatic_launch():
+    src = cuda_source((x * 2).sum(axis=1))
+    body = src[src.index(") {\n") + 4:].splitlines()
+    assert body[:2] == list(cuda_graph.ENTRY)
+    with cuda_graph.programmatic_launch(False): assert "griddepcontrol" not in cuda_source((x * 3).sum(axis=1))
+  assert "griddepcontrol" not in cuda_source((x * 4).sum(axis=1))
+  render = cuda_graph._with_entry(lambda self, name, kernel, bufs, uops, prefix=None: kernel)
+  for arch, entered in (("sm_80", False), ("sm_89", False), ("sm_90", True), ("sm_90a", True), ("sm_100", True)):
+    with cuda_graph.programmatic_launch():
+      assert (render(SimpleNamespace(target=SimpleNamespace(arch=arch)), "k", ["x;"], [], []) == [*cuda_graph.ENTRY, "x;"]) == entered, arch
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")
+def test_the_entry_compiles_for_hopper(tmp_path: Path):
+  """The kernel with ENTRY compiles for sm_90 (tinygrad compiles to PTX there) and its PTX holds the wait the graph
+  builder looks for."""
+  from tests.quant.test_matvec_opts import cuda_source
+  with cuda_graph.programmatic_launch(): (tmp_path / "k.cu").write_text(cuda_source((Tensor.randn(64, 32).realize() * 5).sum(axis=1)))
+  built = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "k.ptx"), str(tmp_path / "k.cu")], capture_output=True, text=True)
+  assert built.returncode == 0, built.stderr
+  assert cuda_graph.WAITS in (tmp_path / "k.ptx").read_bytes()
+
+class Params(ctypes.Structure): _fields_ = [("func", ctypes.c_void_p)]
+
+def test_kernels_that_wait_on_entry_get_programmatic_edges_from_kernels_only():
+  """A kernel whose function waits on entry is joined to the graph's kernels before it by programmatic edges (from the
+  programmatic port), to a copy by a full edge; a kernel that does not wait keeps full edges from everything."""
+  added, linked = {}, []
+  def add_kernel_node(node_ref, graph, deps, count, params_ref):
+    node_ref._obj.value = 100 + len(added)
+    added[node_ref._obj.value] = (params_ref._obj.func, [deps[i] for i in range(count)])
+    return 0
+  def add_dependencies(graph, sources, targets, edges, count):
+    linked.extend((sources[i], targets[i], (edges[i].from_port, edges[i].to_port, edges[i].type)) for i in range(count))
+    return 0
+  add = cuda_graph.programmatic_add_kernel_node(add_kernel_node, add_dependencies, waits=lambda func: func == 7)
+  def node(func: int, *deps: int) -> int:
+    ref = ctypes.byref(handle := ctypes.c_void_p())
+    assert add(ref, "graph", (ctypes.c_void_p * len(deps))(*deps) if deps else None, len(deps), ctypes.byref(Params(func))) == 0
+    return handle.value
+  before = cuda_graph.EDGES_BUILT["programmatic"]
+  first = node(1)
+  copy = 55   # a node the builder did not add as a kernel: a copy
+  waiting = node(7, first, copy)
+  plain = node(1, waiting, copy)
+  assert added == {first: (1, []), waiting: (7, [copy]), plain: (1, [waiting, copy])}
+  assert linked == [(first, waiting, (1, 0, 1))] and cuda_graph.EDGES_BUILT["programmatic"] == before + 1
+
+def test_without_edge_data_in_the_driver_graphs_are_built_as_before():
+  cuda = SimpleNamespace(dll=SimpleNamespace(), cuGraphAddKernelNode=(original := lambda *a: 0))
+  with cuda_graph.programmatic_edges(SimpleNamespace(runtimes=[]), cuda): assert cuda.cuGraphAddKernelNode is original
+  cuda.dll.cuGraphAddDependencies_v2 = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+  with cuda_graph.programmatic_edges(SimpleNamespace(runtimes=[]), cuda): assert cuda.cuGraphAddKernelNode is not original
+  assert cuda.cuGraphAddKernelNode is original
+
+def test_bench_and_run_settings_turn_programmatic_launch_on():
+  from experiments.bench import BenchConfig
+  from tinyzoo.run import _settings
+  from profiles.hints import resolve
+  with BenchConfig(pdl=True).tinygrad_context(): assert cuda_graph._programmatic[0]
+  with _settings(resolve(runtime={"pdl": "on"})): assert cuda_graph._programmatic[0]
+  with _settings(resolve()): assert not cuda_graph._programmatic[0]
+  assert not cuda_graph._programmatic[0]
