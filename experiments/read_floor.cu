@@ -467,6 +467,14 @@ template <int R> static void time_dp4a(const Q4_0Weight &w, DeviceWeights &dev, 
   CHECK(cudaFree(dxd));
 }
 
+// the float x design at R rows a warp: 1, 2 and 4 words a lane, and 2 without x's loads
+template <int R> static void time_float_matvecs(const Q4_0Weight &w, DeviceWeights &dev, const std::vector<double> &want, int iters) {
+  time_matvec<R, 1, true>(w, dev, want, iters);
+  time_matvec<R, 2, true>(w, dev, want, iters);
+  time_matvec<R, 4, true>(w, dev, want, iters);
+  time_matvec<R, 2, false>(w, dev, want, iters);
+}
+
 // every design over its launch sizes; the staged and row-at-a-time ones are written for 2048 columns
 static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
   const std::vector<double> want = w.times(w.x);
@@ -481,18 +489,9 @@ static void time_matvecs(const Q4_0Weight &w, DeviceWeights &dev, int iters) {
   time_dp4a<2>(w, dev, iters);
   time_dp4a<4>(w, dev, iters);
   time_dp4a<8>(w, dev, iters);
-  time_matvec<2, 1, true>(w, dev, want, iters);
-  time_matvec<2, 2, true>(w, dev, want, iters);
-  time_matvec<2, 4, true>(w, dev, want, iters);
-  time_matvec<2, 2, false>(w, dev, want, iters);
-  time_matvec<4, 1, true>(w, dev, want, iters);
-  time_matvec<4, 2, true>(w, dev, want, iters);
-  time_matvec<4, 4, true>(w, dev, want, iters);
-  time_matvec<4, 2, false>(w, dev, want, iters);
-  time_matvec<8, 1, true>(w, dev, want, iters);
-  time_matvec<8, 2, true>(w, dev, want, iters);
-  time_matvec<8, 4, true>(w, dev, want, iters);
-  time_matvec<8, 2, false>(w, dev, want, iters);
+  time_float_matvecs<2>(w, dev, want, iters);
+  time_float_matvecs<4>(w, dev, want, iters);
+  time_float_matvecs<8>(w, dev, want, iters);
 }
 
 int main(int argc, char **argv) {

@@ -27,6 +27,7 @@ def test_each_hint_from_the_first_source_that_sets_it():
                                               ("attention", "flash", "hint attention: 'flash' is not one of chunked, whole"),
                                               ("softmax", "online", "hint softmax: 'online' is not one of max, self"),
                                               ("act_in_matmul", "maybe", "hint act_in_matmul: 'maybe' is not true or false"),
+                                              ("pdl", "soon", "hint pdl: 'soon' is not true or false"),
                                               ("rounding", "ggml", "unknown hint 'rounding'")])
 def test_bad_hints_say_which_and_why(name: str, value, error: str):
   with pytest.raises(ValueError, match=error): check(name, value)
