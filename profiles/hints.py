@@ -73,7 +73,7 @@ HINTS: dict[str, Hint] = {
   "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),
   "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch once its "
               "workgroups have started and waits on entry for the ones before it, so that a kernel's launch and start overlap the tail "
-              "of the one before (ops/cuda_graph.py)"),
+              "of the one before (ops/cuda_graph.py; slower on the H100 so far)"),
 }
 
 def check(name: str, value: Any) -> Any:

@@ -217,7 +217,8 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                       "(tinygrad's Tensor.topk). Default pairwise")
   s.add_argument("--pdl", action=on_off, help="programmatic dependent launch in CUDA graphs, on sm_90 and later (Hopper): each kernel lets "
                  "the next one launch once its own workgroups have started and waits on entry for the kernels before it, so that a "
-                 "kernel's launch and start overlap the tail of the one before; the same results (default off)")
+                 "kernel's launch and start overlap the tail of the one before; the same results (default off: on the H100 it made "
+                 "llama3.2-1b 3%% slower, experiments/gpu_notes.md)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_row_upcast_option(s, hint=True)
