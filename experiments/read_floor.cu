@@ -87,6 +87,17 @@ __global__ void read_words(const uint4 *__restrict__ src, size_t n, unsigned *__
 // of word j. A nibble q moved into a 1.0's top mantissa bits is f = 1 + q/16, so sum((q - 8) x) = 16 sum(f x) - 24
 // sum(x), with no integer-to-float conversion. Without USE_X the activations are ones (not loaded): what x's loads cost.
 template <int S> struct Words;
+
+// word w's eight products with x added to dot: its elements 4j + k (byte k's low nibble) times lo's k-th, 16 + 4j + k
+// (the high nibble) times hi's, each nibble as 1 + q/16
+__device__ __forceinline__ void add_word(float &dot, unsigned w, float4 lo, float4 hi) {
+  const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    dot += __uint_as_float((((w >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * l[k];
+    dot += __uint_as_float((((w >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * h[k];
+  }
+}
 template <> struct Words<1> { using T = unsigned; static __device__ unsigned at(T v, int) { return v; } };
 template <> struct Words<2> { using T = uint2; static __device__ unsigned at(T v, int i) { return i ? v.y : v.x; } };
 template <> struct Words<4> { using T = uint4; static __device__ unsigned at(T v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; } };
@@ -121,15 +132,7 @@ __global__ void q4_0_matvec(const unsigned *__restrict__ words, const __half *__
     for (int r = 0; r < R; r++) {
       float dot = 0;
 #pragma unroll
-      for (int i = 0; i < S; i++) {
-        const unsigned w = W::at(q[r], i);
-        const float l[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, h[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          dot += __uint_as_float((((w >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * l[k];
-          dot += __uint_as_float((((w >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * h[k];
-        }
-      }
+      for (int i = 0; i < S; i++) add_word(dot, W::at(q[r], i), lo[i], hi[i]);
       acc[r] += (16.0f * dot - 24.0f * xsum) * scale[r];
     }
   }
@@ -173,14 +176,7 @@ __global__ void __launch_bounds__(256) q4_0_matvec_staged(const uint4 *__restric
     const unsigned w[4] = {q[p].x, q[p].y, q[p].z, q[p].w};
     float dot = 0;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const float lo[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, hi[4] = {xv[4 + j].x, xv[4 + j].y, xv[4 + j].z, xv[4 + j].w};
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * lo[k];
-        dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * hi[k];
-      }
-    }
+    for (int j = 0; j < 4; j++) add_word(dot, w[j], xv[j], xv[4 + j]);
     acc[p] = (16.0f * dot - 24.0f * xsum) * scale[p];
     for (int l = 16; l; l >>= 1) acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], l);
     if ((t & 31) == 0) partial[t >> 5][p] = acc[p];
@@ -252,15 +248,7 @@ __global__ void q4_0_matvec_rows(const uint4 *__restrict__ words, const __half2 
       const unsigned w[4] = {q[blk].x, q[blk].y, q[blk].z, q[blk].w};
       float dot = 0;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float4 lo = xv[8 * blk + j], hi = xv[8 * blk + 4 + j];
-        const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          dot += __uint_as_float((((w[j] >> (8 * k)) & 0xFu) << 19) | 0x3F800000u) * l[k];
-          dot += __uint_as_float((((w[j] >> (8 * k + 4)) & 0xFu) << 19) | 0x3F800000u) * h[k];
-        }
-      }
+      for (int j = 0; j < 4; j++) add_word(dot, w[j], xv[8 * blk + j], xv[8 * blk + 4 + j]);
       acc += (16.0f * dot - 24.0f * xsum[blk]) * (blk ? scale.y : scale.x);
     }
     for (int l = 16; l; l >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, l);

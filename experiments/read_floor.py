@@ -46,15 +46,16 @@ def read_floor(ggml_type: str, rows: int, cols: int, iters: int = 20) -> tuple[d
   if ran.returncode != 0: raise RuntimeError(f"read_floor failed: {(ran.stderr.strip().splitlines() or ['no output'])[-1]}")
   lines = [json.loads(line) for line in ran.stdout.splitlines()]
   reads, (copy,) = [r for r in lines if r["kind"] == "read"], [r for r in lines if r["kind"] == "copy"]
-  best = max(reads, key=lambda r: r["gb_s"])
+  fastest_read = lambda kind: max((r for r in lines if r["kind"] == kind), key=lambda r: r["gb_s"], default=None)
+  launch = lambda r: f"{r['blocks']}x{r['threads']} unroll {r['unroll']}"
+  best = fastest_read("read")
   metrics = {"bytes": nbytes, "copies": copies, "launch_sizes": len(reads), "us": best["us"], "gb_s": best["gb_s"],
              "copy_gb_s": copy["gb_s"], "fraction_of_copy": round(best["gb_s"] / copy["gb_s"], 3)}
-  switches = {"launch": f"{best['blocks']}x{best['threads']} unroll {best['unroll']}"}
+  switches = {"launch": launch(best)}
   for chain in list(CHAINS)[1:]:
-    if (chained := [r for r in lines if r["kind"] == "read" + chain]):
-      fastest = max(chained, key=lambda r: r["gb_s"])
+    if (fastest := fastest_read("read" + chain)):
       metrics[f"read{chain}_us"], metrics[f"read{chain}_fraction_of_copy"] = fastest["us"], round(fastest["gb_s"] / copy["gb_s"], 3)
-      switches["launch" + chain] = f"{fastest['blocks']}x{fastest['threads']} unroll {fastest['unroll']}"
+      switches["launch" + chain] = launch(fastest)
   matvecs = [r for r in lines if r["kind"] in MATVEC_DESIGNS]
   if (wrong := [r for r in matvecs if r["kind"] != "matvec_without_x" and r["rel_err"] > GEMV_TOLERANCE]):
     raise RuntimeError(f"a CUDA matvec is wrong: {wrong[0]}")
