@@ -9,6 +9,8 @@ from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.bench import copy_bandwidth
 from quant.gguf_file import GGUFFile
+from quant.activations import round_activations
+from quant.int8_dot import Int8Rows
 from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
 from quant.qtensor import QTensor
@@ -69,31 +71,43 @@ def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
   return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6, m.pipelined_ms * 1e3 / copies
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
-                   sweep: list[Sizes | None] | None = None, pdl: bool = False) -> list[dict]:
+                   sweep: list[Sizes | None] | None = None, pdl: bool = False, prefetch: bool = False) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
   replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run
   (a large one, and one a weight's size per kernel as many times):
   one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel
   shape it timed and whether its output matched numpy. `pdl`: the matvecs chained by programmatic dependent launch
-  (ops/cuda_graph.py)."""
+  (ops/cuda_graph.py), with `prefetch` each asking the L2 for its weight before it waits. Under int8_dot, x is quantized
+  once a replay for all the weights (a kernel of its own, as a model's matmuls reading one x share it) and the output is
+  checked against x rounded as ggml rounds it."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
   copies = copies or default_copies(t, rows, cols)
   raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
   lins = [QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), strategy=strategy) for raw in raws]
   x_np = rng.standard_normal((1, cols), dtype=np.float32)
-  x, want = Tensor(x_np).realize(), (gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_np[0].astype(np.float64))
+  x = Tensor(x_np).realize()
+  int8 = lins[0].int8
+  x_seen = round_activations(x, t, "ggml").numpy() if int8 else x_np
+  want = gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_seen[0].astype(np.float64)
+
+  def step(v: Tensor) -> Tensor:
+    if not int8: return [lin(v).realize() for lin in lins][-1]
+    xq = Int8Rows.quantize(v)
+    xq.blocks.realize()
+    return [lin(xq).realize() for lin in lins][-1]
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
   copy_at_size, copy_at_size_us = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
     to_program_cache.clear()   # the same kernel graph under new sizes must compile again
     compiled_shapes.clear()
     edges = EDGES_BUILT["programmatic"]
-    with forced_gpu_sizes(sizes), programmatic_launch(pdl):   # one kernel per weight, as in a model
-      m = steady_state(lambda v: [lin(v).realize() for lin in lins][-1], x, iters=iters)
+    with forced_gpu_sizes(sizes), programmatic_launch(pdl, prefetch):   # one kernel per weight, as in a model
+      m = steady_state(step, x, iters=iters)
       err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
     gb_s = read / m.pipelined_ms / 1e6   # device time: the host's ~0.1 ms per synchronized call would swamp small weights
-    switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {})}
+    switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {}),
+                **({"pdl_prefetch": True} if pdl and prefetch else {})}
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
                     "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "copies": copies,

@@ -13,12 +13,17 @@ from tinygrad import Tensor, dtypes
 
 ROUNDINGS = ("ggml", "exact")
 
-def _q8_0(x: Tensor) -> Tensor:
+def q8_0_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x [..., in] float32 as Q8_0 blocks: the quants q [..., in / 32, 32] (float, integral) and their scales d
+  [..., in / 32, 1] (float32 of an fp16, as Q8_0 stores them)."""
   xb = x.reshape(*x.shape[:-1], -1, 32)
   amax = xb.abs().max(axis=-1, keepdim=True)
-  d = amax / 127
   q = (xb * (amax > 0).where(127 / amax, 0)).round()
-  return (q * d.cast(dtypes.float16).cast(dtypes.float32)).reshape(x.shape)
+  return q, (amax / 127).cast(dtypes.float16).cast(dtypes.float32)
+
+def _q8_0(x: Tensor) -> Tensor:
+  q, d = q8_0_blocks(x)
+  return (q * d).reshape(x.shape)
 
 def _q8_k(x: Tensor) -> Tensor:
   xb = x.reshape(*x.shape[:-1], -1, 256)

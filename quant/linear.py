@@ -7,6 +7,9 @@
   packed_dot. The GGUF blocks stay loaded as well.
 - fused: the full dequantize expression (nibbles interleaved back into logical order) inside the matmul.
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
+- int8_dot: packed_words against x quantized to 8 bits a block, summed in integers four products at a time (dp4a),
+  as llama.cpp's CUDA matvecs do (quant/int8_dot.py); for dense matmuls of Q4_0, Q4_1 and Q8_0, whose activations it
+  rounds as ggml's Q8_0 does. Expert matmuls and other types read as packed_words.
 - split: the dequantize is made `.contiguous()` on every call, then a plain matmul: two kernels, the second a GEMV
   tinygrad optimizes well, at the price of writing and reading the weights in fp32 (seed 003's "selective split").
 """
@@ -17,10 +20,11 @@ from tinygrad import Tensor, dtypes
 from ops.norm import NormedInput
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
+from quant.int8_dot import INT8_TYPES, Int8Rows, int8_dot
 from quant.qtensor import QTensor
 from quant.words import WordBlocks
 
-STRATEGIES = ("packed_dot", "packed_words", "fused", "dequant_cache", "split")
+STRATEGIES = ("packed_dot", "packed_words", "int8_dot", "fused", "dequant_cache", "split")
 
 def _check_strategy(strategy: str) -> str:
   if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -79,7 +83,8 @@ class _PackedWeight:
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     self.weight, self.bias, self.strategy, self.rounding = weight, bias, strategy, rounding
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
-    self.words = WordBlocks.from_blocks(weight) if strategy == "packed_words" else None
+    self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") else None
+    self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # dense matmuls read x in 8 bits
 
   @property
   def device_tensors(self) -> list[Tensor]:
@@ -89,6 +94,7 @@ class _PackedWeight:
 
   def _folds(self, n: NormedInput) -> bool:
     """Whether a norm folds in: one row of x, exact activations, and words or float weights read as they are stored."""
+    if self.int8: return False
     read_as_stored = self.words is not None or (self.weight.format.block_elems == 1 and self.strategy in ("packed_dot", "packed_words"))
     return read_as_stored and self.rounding == "exact" and prod(n.x.shape[:-1]) == 1
 
@@ -101,7 +107,10 @@ class _PackedWeight:
     # write of layout rows, act_in_matmul's product) in kernels of their own
     return (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
 
-  def _matmul(self, x: Tensor, sel: Tensor | None = None) -> Tensor:
+  def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
+    if isinstance(x, Int8Rows) or (self.int8 and sel is None):
+      if not self.int8 or sel is not None: raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
+      return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
     if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)
@@ -112,7 +121,8 @@ class _PackedWeight:
 class QuantLinear(_PackedWeight):
   """y = x @ W.T (+ bias) with W [out, in] kept packed. A weight [..., out, in] with leading dims applies one matrix
   per index of them to x [..., in] (its trailing dims before `in` broadcast against them)."""
-  def __call__(self, x: Tensor) -> Tensor:
+  def __call__(self, x: Tensor | Int8Rows) -> Tensor:
+    """x [..., in], or quantized once for several int8_dot matmuls (Int8Rows.quantize)."""
     y = self._matmul(x)
     return y if self.bias is None else y + self.bias
 

@@ -40,7 +40,8 @@ def cmd_matvec(args) -> None:
     for strategy in (s.strip() for s in args.strategies.split(",") if s.strip()):
       # the span (a fourth size) splits packed_words blocks only: other strategies time each (T, B, R) once
       sizes_tried = sweep if strategy == "packed_words" else list(dict.fromkeys(s[:3] if s else s for s in sweep))
-      for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried, args.pdl), sizes_tried):
+      for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried,
+                                                   args.pdl or args.pdl_prefetch, args.pdl_prefetch), sizes_tried):
         if not args.no_journal: journal.append(record)
         m, shape = record["metrics"], record["kernel_shape"]
         if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
@@ -267,6 +268,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
   s.add_argument("--pdl", action="store_true", help="with --shape on an sm_90 or later CUDA GPU: the matvecs chained by programmatic "
                  "dependent launch, each one's launch and start overlapping the one before (see `tinyzoo bench --help`)")
+  s.add_argument("--pdl-prefetch", action="store_true", help="--pdl, and each matvec's workgroups ask the L2 for their share of its "
+                 "weight before waiting for the one before")
   add_row_upcast_option(s)
   s.set_defaults(fn=cmd_matvec)
 

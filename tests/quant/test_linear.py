@@ -5,6 +5,8 @@ from gguf import GGMLQuantizationType as T, quants
 from tinygrad import GlobalCounters, Tensor, TinyJit, dtypes
 from quant.formats import FORMATS
 from ops.norm import NormedInput
+from quant.activations import round_activations
+from quant.int8_dot import INT8_TYPES
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -31,17 +33,19 @@ def test_linear(t: T, strategy: str, rng: np.random.Generator):
     x = rng.standard_normal((*batch, IN)).astype(np.float32)
     got = lin(Tensor(x)).numpy()
     assert got.shape == (*batch, OUT)
+    if lin.int8: x = round_activations(Tensor(x), t, "ggml").numpy()   # x is read in 8 bits, rounded as ggml does
     assert_fp32_close(got, x @ w.T + bias, np.abs(x) @ np.abs(w).T + np.abs(bias), f"{t.name} {strategy} batch {batch}")
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4, T.F16], ids=lambda t: t.name)
 def test_matvec_is_one_kernel(t: T, strategy: str, rng: np.random.Generator):
   """The kernel count of each strategy's matvec in JIT steady state: one kernel, the dequantize fused into the reduce;
-  split makes the dequantize a kernel of its own."""
+  split makes the dequantize a kernel of its own, int8_dot the quantization of x two (its blocks' largest values, then
+  the quants and scales)."""
   lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (OUT, IN), rng), t, (OUT, IN)), strategy=strategy)
   jit = TinyJit(lambda x: lin(x).realize())
   for _ in range(3): jit(Tensor.randn(1, IN).realize())
-  assert count_kernels(jit) == (2 if strategy == "split" else 1)
+  assert count_kernels(jit) == (2 if strategy == "split" else 3 if lin.int8 else 1)
 
 @pytest.mark.parametrize("strategy", ["packed_words", "packed_dot"])
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.Q4_K, T.F32], ids=lambda t: t.name)
@@ -112,8 +116,8 @@ def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
-  """Every strategy reads only the k selected experts (packed, or from the fp16 cache), in a single kernel; split
-  writes and reads back only theirs in fp32, in a second."""
+  """Every strategy reads only the k selected experts (packed, or from the fp16 cache; int8_dot's as packed_words), in
+  a single kernel; split writes and reads back only theirs in fp32, in a second."""
   experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_0, (16, OUT, IN), rng), T.Q4_0, (16, OUT, IN)), strategy=strategy)
   jit = TinyJit(lambda x, sel: experts(x, sel).realize())
   x, sel = Tensor.randn(1, 1, IN).realize(), Tensor([[3, 11]], dtype=dtypes.int32).realize()
