@@ -45,19 +45,19 @@ def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", **
   path = resolve_model(preset)
   return Runtime(path, ctx, strategy, device=device, progress=False, **hints), file_sha256(path)
 
-def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int) -> None:
+def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int, strategy: str = "packed_dot") -> None:
   seed = random.SystemRandom().randrange(1 << 31)
   rng, cases = random.Random(seed), []
   for preset in presets:
-    rt, sha = runtime(preset, prompt_len + greedy + 1, "CPU")
+    rt, sha = runtime(preset, prompt_len + greedy + 1, "CPU", strategy)
     for _ in range(prompts):
       ids = [rng.randrange(rt.cfg.vocab_size) for _ in range(prompt_len)]
       logits, tokens = run(rt, ids, greedy)
       cases.append({"preset": preset, "sha256": sha, "ids": ids, "logits": logits.tolist(), "greedy": tokens})
   tmp = f"{out}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f: json.dump({"seed": seed, "device": "CPU", "cases": cases}, f)
+  with open(tmp, "w") as f: json.dump({"seed": seed, "device": "CPU", "strategy": strategy, "cases": cases}, f)
   os.replace(tmp, out)
-  print(f"wrote {len(cases)} CPU cases (prompt seed {seed}) to {out}")
+  print(f"wrote {len(cases)} CPU cases ({strategy}, prompt seed {seed}) to {out}")
 
 def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -> bool:
   with open(ref_path) as f: ref = json.load(f)
@@ -89,7 +89,8 @@ def main() -> None:
   mode.add_argument("--save", metavar="FILE", help="run the presets on the CPU and write the reference")
   mode.add_argument("--against", metavar="FILE", help="run a reference's cases on --device and compare")
   p.add_argument("--device", default=Device.DEFAULT, help="the device checked (default: tinygrad's default)")
-  p.add_argument("--strategy", default="packed_dot", help="matmul strategy spec checked against the reference (default packed_dot)")
+  p.add_argument("--strategy", default="packed_dot", help="matmul strategy spec of the reference saved, or checked against it (default "
+                 "packed_dot; int8_dot rounds activations as ggml does, so it needs a reference of its own)")
   p.add_argument("--norm", choices=NORMS, default="fused", help="how matmuls read an RMS norm on the device checked (default fused, as "
                  "the CPU reference)")
   p.add_argument("--kv-layout", choices=LAYOUTS, default="heads", help="the KV cache layout on the device checked (default heads, as the "
@@ -103,7 +104,7 @@ def main() -> None:
   a = p.parse_args()
   if a.save:
     if not a.presets: p.error("--save needs presets")
-    save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy)
+    save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy, a.strategy)
   else:
     with programmatic_launch(a.pdl):
       ok = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul, softmax=a.softmax)

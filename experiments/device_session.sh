@@ -1,7 +1,8 @@
 # One call on a lent GPU machine (the `device` tool): checks first, then every measurement asked for, in order.
 #   bash experiments/device_session.sh STEP...      (carry [".whl", ".lcpp"]; `make device-wheels device-llama-src` here)
 # Steps:
-#   check               GPU against the CPU reference (experiments/device_reference.json); stops the session on a mismatch
+#   check               GPU against the CPU reference (experiments/device_reference.json, or device_reference.STRATEGY.json where
+#                       there is one); stops the session on a mismatch
 #   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
 #   floor:TYPE:RxC      the fastest read of such a weight's bytes by one CUDA C kernel, and a hand-written CUDA C Q4_0 matvec
@@ -49,7 +50,9 @@ for item in "$@"; do
   case $step in
     synth:*) out=$(model_path "${step#synth:}")
              [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
-    check) python3 -m experiments.device_check --against experiments/device_reference.json --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
+    check) ref=experiments/device_reference.json   # a strategy that rounds activations its own way has a reference of its own
+           [ -f "experiments/device_reference.$STRATEGY.json" ] && ref="experiments/device_reference.$STRATEGY.json"
+           python3 -m experiments.device_check --against "$ref" --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" "${flags[@]}" || status=1 ;;
     floor:*) IFS=: read -r _ type shape <<< "$step"

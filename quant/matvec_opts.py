@@ -27,6 +27,7 @@ from tinygrad.codegen.opt import heuristic
 from tinygrad.helpers import PARALLEL
 from tinygrad.codegen.opt.postrange import Scheduler
 from tinygrad.uop.ops import AxisType, Ops
+from ops import dp4a
 
 DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
@@ -253,8 +254,16 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   # pairs of weight rows (gate and up) index the weights; a folded norm's pair is a dot and x's squares
   pairs, indices = _pair_products(k), _indices(k)
   row_pairs = sum(any(pair in idx for idx in indices) for pair in pairs)
+  if any(u.op is Ops.CUSTOMI and u.arg.startswith(dp4a.NAME) for u in k.ast.toposort()): return integer_gpu_sizes(steps)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
                            row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
+
+def integer_gpu_sizes(steps: int) -> Sizes:
+  """An int8_dot matvec (its dp4a a custom op): a row over 32 threads (or the blocks it has), each a block at a time, one
+  row a thread, workgroups of 128 threads. Q4_0 8192x2048 on an H100 (f65f19b, one call): 4.8 us a weight, 72% of a
+  copy, against 5.8 us at the flat reduce's 32,2,4 and 5.1-6.6 us at six other sizes."""
+  threads = min(32, steps)
+  return threads, max(1, 128 // threads), 1
 
 def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
