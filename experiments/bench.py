@@ -50,6 +50,7 @@ class BenchConfig:
   beam: int = HINTS["beam"].default
   jit_batch_size: int = HINTS["jit_batch_size"].default
   pdl: bool = HINTS["pdl"].default
+  pdl_prefetch: bool = HINTS["pdl_prefetch"].default
   rounding: str = "exact"
   skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
@@ -74,7 +75,8 @@ class BenchConfig:
             "act_in_matmul": self.act_in_matmul, "attention": self.attention, "kv_layout": self.kv_layout, "softmax": self.softmax,
             "row_upcast": self.row_upcast,
             "skip": list(self.skip),
-            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "pdl": self.pdl, "requant": self.requant,
+            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "pdl": self.pdl, "pdl_prefetch": self.pdl_prefetch,
+            "requant": self.requant,
             "profile": self.profile}
 
   def describe(self) -> str: return changed_switches(self.switches())
@@ -83,7 +85,7 @@ class BenchConfig:
 
   @contextlib.contextmanager
   def tinygrad_context(self) -> Iterator[None]:
-    with Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size), programmatic_launch(self.pdl): yield
+    with Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size), programmatic_launch(self.pdl, self.pdl_prefetch): yield
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
     return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,

@@ -98,6 +98,7 @@ def main() -> None:
   p.add_argument("--act-in-matmul", action="store_true", help="the FFN activation computed by the gate and up matmul's kernel")
   p.add_argument("--softmax", choices=SOFTMAXES, default="max", help="attention's softmax stabilizer (default max, as the CPU reference)")
   p.add_argument("--pdl", action="store_true", help="graphs chained by programmatic dependent launch (ops/cuda_graph.py)")
+  p.add_argument("--pdl-prefetch", action="store_true", help="with --pdl: each workgroup asks the L2 for its kernel's fixed reads first")
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
@@ -106,7 +107,7 @@ def main() -> None:
     if not a.presets: p.error("--save needs presets")
     save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy, a.strategy)
   else:
-    with programmatic_launch(a.pdl):
+    with programmatic_launch(a.pdl, a.pdl_prefetch):
       ok = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul, softmax=a.softmax)
     if a.pdl:   # a check of kernels chained by programmatic launch that made none is no check of it
       print(f"programmatic edges built: {EDGES_BUILT['programmatic']}" + ("" if EDGES_BUILT["programmatic"] else " (PDL NOT IN EFFECT)"))

@@ -15,7 +15,8 @@
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
 # A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each
-# (check takes --norm, --kv-layout, --act-in-matmul, --softmax and --pdl alone; gemv --pdl alone).
+# (check takes --norm, --kv-layout, --act-in-matmul, --softmax, --pdl and --pdl-prefetch alone; gemv --pdl, --pdl-prefetch,
+# --strategies=S and --gpu-sizes=T,B,R).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
 set -uo pipefail

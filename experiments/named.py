@@ -15,7 +15,7 @@ DEFS = Path(__file__).with_name("defs")
 SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool, "act_in_matmul": bool, "attention": str, "kv_layout": str,
             "softmax": str,
             "row_upcast": int, "skip": list, "topk": str, "beam": int,
-            "jit_batch_size": int, "pdl": bool, "requant": str, "profile": bool}
+            "jit_batch_size": int, "pdl": bool, "pdl_prefetch": bool, "requant": str, "profile": bool}
 BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
 
 class ExperimentError(ValueError): pass

@@ -56,7 +56,9 @@ def prefetched_buffers(bufs: list[tuple[str, tuple[UOp, bool]]], uops: list[UOp]
   where a loaded value picks the place (a gather: an embedding row, the experts a token uses), and none at all in a
   kernel with variables (attention over the valid part of a KV cache, which prefetching whole would read entirely)."""
   if any(u.addrspace == AddrSpace.ALU for _, (u, _) in bufs): return []
-  gathered = {u.src[0] for u in uops if u.op is Ops.INDEX and any(v.op is Ops.LOAD for s in u.src[1:] for v in s.toposort())}
+  # a load's address is its buffer indexed (INDEX, or SHRINK for a vector) by an expression that holds a load if gathered
+  addresses = [u.src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op in (Ops.INDEX, Ops.SHRINK)]
+  gathered = {a.src[0] for a in addresses if any(v.op is Ops.LOAD for s in a.src[1:] for v in s.toposort())}
   return [(name, u.max_numel() * u.dtype.itemsize) for name, (u, written) in bufs
           if not written and u.addrspace == AddrSpace.GLOBAL and u not in gathered]
 

@@ -74,6 +74,9 @@ HINTS: dict[str, Hint] = {
   "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch once its "
               "workgroups have started and waits on entry for the ones before it, so that a kernel's launch and start overlap the tail "
               "of the one before (ops/cuda_graph.py; slower on the H100 so far)"),
+  "pdl_prefetch": Hint(False, _bool, "with pdl: before it waits, each workgroup of a kernel asks the L2 for its share of every buffer the "
+                       "kernel reads at places its launch fixes (a matvec's weight; not gathers, not kernels with variables), so that it "
+                       "streams in during the tail of the kernel before (ops/cuda_graph.py)"),
 }
 
 def check(name: str, value: Any) -> Any:

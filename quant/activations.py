@@ -13,13 +13,26 @@ from tinygrad import Tensor, dtypes
 
 ROUNDINGS = ("ggml", "exact")
 
+def fp16_rounded(x: Tensor) -> Tensor:
+  """float32 x >= 0 (up to fp16's largest) rounded to the nearest fp16, ties to even, subnormals included, as float32.
+  Done on the bits: tinygrad 0.14 drops a cast to float16 and back as a no-op (on its CPU backend at least)."""
+  bits = x.bitcast(dtypes.uint32)
+  exponent = (bits >> 23).cast(dtypes.int32)
+  # the low bits an fp16 lacks: 13 of a normal float32's 23 mantissa bits, more below fp16's smallest normal (2^-14),
+  # all 23 at its smallest subnormal (2^-24); a carry out of the mantissa moves the exponent up, as it should
+  dropped = (13 + (113 - exponent).maximum(0)).minimum(23).cast(dtypes.uint32)
+  up = ((bits >> dropped) & 1) + (dropped.const_like(1) << (dropped - 1)) - 1   # half an fp16 step, less one unless odd: ties to even
+  rounded = (((bits + up) >> dropped) << dropped).bitcast(dtypes.float32)
+  # below 2^-24 an fp16 is 0 or 2^-24, whichever is nearer (a tie at 2^-25 goes to 0)
+  return (exponent < 103).where((x > 2.0 ** -25).where(2.0 ** -24, 0.0), rounded)
+
 def q8_0_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
   """x [..., in] float32 as Q8_0 blocks: the quants q [..., in / 32, 32] (float, integral) and their scales d
   [..., in / 32, 1] (float32 of an fp16, as Q8_0 stores them)."""
   xb = x.reshape(*x.shape[:-1], -1, 32)
   amax = xb.abs().max(axis=-1, keepdim=True)
   q = (xb * (amax > 0).where(127 / amax, 0)).round()
-  return q, (amax / 127).cast(dtypes.float16).cast(dtypes.float32)
+  return q, fp16_rounded(amax / 127)
 
 def _q8_0(x: Tensor) -> Tensor:
   q, d = q8_0_blocks(x)

@@ -220,6 +220,9 @@ def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> No
                  "the next one launch once its own workgroups have started and waits on entry for the kernels before it, so that a "
                  "kernel's launch and start overlap the tail of the one before; the same results (default off: on the H100 it made "
                  "llama3.2-1b 3%% slower, experiments/gpu_notes.md)")
+  s.add_argument("--pdl-prefetch", action=on_off, help="with --pdl: each workgroup first asks the L2 for its share of every buffer its "
+                 "kernel reads at places the launch fixes (a matvec's weight; not gathers, not kernels with variables), then waits, so "
+                 "that the weight streams in during the kernel before (default off)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_row_upcast_option(s, hint=True)

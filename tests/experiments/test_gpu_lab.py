@@ -62,6 +62,13 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert m["correct"] and m["rel_err"] < 1e-5 and m["copy_at_size_gb_s"] > 0
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
 
+def test_int8_dot_gemv_quantizes_x_once_for_every_weight_and_checks_against_x_rounded():
+  """Under int8_dot x is quantized once a replay (two kernels) for all the weights, and the output is checked against
+  the matmul of x rounded as ggml rounds it (against exact x its error would be ~1e-2 and flagged)."""
+  (r,) = gemv_bandwidth("Q4_0", 64, 256, "int8_dot", copies=3, iters=2)
+  m = r["metrics"]
+  assert m["kernels"] == 3 + 2 and m["correct"] and m["rel_err"] < 1e-5 and r["switches"] == {"strategy": "int8_dot"}
+
 def test_copies_at_a_weights_size_count_each_copy_read_and_written(monkeypatch):
   import experiments.matvec
   replays = []

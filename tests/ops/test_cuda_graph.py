@@ -62,6 +62,39 @@ def test_the_entry_compiles_for_hopper(tmp_path: Path):
   assert built.returncode == 0, built.stderr
   assert cuda_graph.WAITS in (tmp_path / "k.ptx").read_bytes()
 
+def test_prefetch_asks_for_the_buffers_a_kernel_reads_at_fixed_places_only(rng):
+  """With prefetch each workgroup first asks the L2 for its share of a matvec's weight and x (read at places its launch
+  fixes), between ENTRY's two statements; not for its output, an embedding table read at a loaded token's row, or
+  anything in a kernel with a variable."""
+  import numpy as np
+  from tinygrad import UOp as TUOp, dtypes
+  from tests.quant.test_matvec_opts import cuda_source
+  w, x = Tensor(rng.standard_normal((64, 32), dtype=np.float32)), Tensor(rng.standard_normal(32, dtype=np.float32))
+  with cuda_graph.programmatic_launch(True, prefetch=True):
+    matvec = cuda_source((w * x).sum(axis=1))
+    gather = cuda_source(w[Tensor([3], dtype=dtypes.int32)] * 2)
+    n = TUOp.variable("n", 1, 32)
+    ranged = cuda_source(w[:, :n].sum(axis=1))
+  with cuda_graph.programmatic_launch(True): plain = cuda_source((w * x).sum(axis=1))
+  lines = matvec.splitlines()
+  body = lines[next(i for i, line in enumerate(lines) if "__global__" in line) + 1:]
+  assert body[0] == cuda_graph.ENTRY[0] and cuda_graph.ENTRY[1] in body and body.index(cuda_graph.ENTRY[1]) > 2
+  prefetched = [line for line in body if "tz_share" in line]
+  assert len(prefetched) == 2 and "8192ull" in prefetched[0] + prefetched[1] and "128ull" in prefetched[0] + prefetched[1]
+  assert "data0" not in "".join(prefetched), "the output is written, not prefetched"
+  gathered = [line for line in gather.splitlines() if "tz_share" in line]
+  assert all("8192ull" not in line for line in gathered), "the table is read where a loaded index says"
+  assert "prefetch" not in ranged and "prefetch" not in plain
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")
+def test_the_prefetch_compiles_for_hopper(tmp_path: Path):
+  from tests.quant.test_matvec_opts import cuda_source
+  with cuda_graph.programmatic_launch(True, prefetch=True):
+    (tmp_path / "k.cu").write_text(cuda_source((Tensor.randn(64, 32).realize() * Tensor.randn(32).realize()).sum(axis=1)))
+  built = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "k.ptx"), str(tmp_path / "k.cu")], capture_output=True, text=True)
+  assert built.returncode == 0, built.stderr
+  assert b"cp.async.bulk.prefetch.L2" in (tmp_path / "k.ptx").read_bytes()
+
 class Params(ctypes.Structure): _fields_ = [("func", ctypes.c_void_p)]
 
 def test_kernels_that_wait_on_entry_get_programmatic_edges_from_kernels_only():
@@ -99,7 +132,9 @@ def test_bench_and_run_settings_turn_programmatic_launch_on():
   from experiments.bench import BenchConfig
   from tinyzoo.run import _settings
   from profiles.hints import resolve
-  with BenchConfig(pdl=True).tinygrad_context(): assert cuda_graph._programmatic[0]
-  with _settings(resolve(runtime={"pdl": "on"})): assert cuda_graph._programmatic[0]
+  with BenchConfig(pdl=True).tinygrad_context(): assert cuda_graph._programmatic == [True, False]
+  with BenchConfig(pdl=True, pdl_prefetch=True).tinygrad_context(): assert cuda_graph._programmatic == [True, True]
+  with BenchConfig(pdl_prefetch=True).tinygrad_context(): assert cuda_graph._programmatic == [False, False], "prefetch only with pdl"
+  with _settings(resolve(runtime={"pdl": "on", "pdl_prefetch": "on"})): assert cuda_graph._programmatic == [True, True]
   with _settings(resolve()): assert not cuda_graph._programmatic[0]
-  assert not cuda_graph._programmatic[0]
+  assert cuda_graph._programmatic == [False, False]

@@ -86,6 +86,17 @@ def cuda_source(out: Tensor) -> str:
   from tinygrad.codegen.late.linearizer import linearize
   return cuda_renderer().render(line_rewrite(linearize(cuda_sink(out)), pm_linearize_cleanups))
 
+@pytest.mark.parametrize("rows,cols,local", [(1024, 2048, (32, 4, 1)), (256, 512, (16, 8, 1))])
+def test_gpu_int8_dot_matvecs_get_a_row_a_thread_in_workgroups_of_128(rows: int, cols: int, local: tuple, row_upcast, rng: np.random.Generator):
+  """An int8_dot matvec (its dp4a a custom op) gets sizes of its own: a row over 32 threads (or as many as it has
+  blocks), one row a thread, 128 threads a workgroup (integer_gpu_sizes)."""
+  from quant.int8_dot import Int8Rows
+  row_upcast(8)
+  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="int8_dot")
+  xq = Int8Rows.quantize(Tensor(rng.standard_normal((1, cols), dtype=np.float32)))
+  xq.blocks.realize()
+  assert cuda_launch(lin(xq)) == ((rows // local[1], 1, 1), local)
+
 @pytest.mark.parametrize("t,rows,local,rows_per_thread", [(T.Q4_0, 1024, (64, 1, 1), 4), (T.Q8_0, 1024, (64, 1, 1), 1),
                                                            (T.Q4_0, 16384, (16, 4, 1), 4)], ids=["Q4_0", "Q8_0", "Q4_0-tall"])
 def test_gpu_matvec_splits_each_row_over_threads(t: T, rows: int, local: tuple, rows_per_thread: int, row_upcast, rng: np.random.Generator):
