@@ -259,10 +259,11 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
                            row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
 
 def integer_gpu_sizes(steps: int) -> Sizes:
-  """An int8_dot matvec (its dp4a a custom op): a row over 32 threads (or the blocks it has), each a block at a time, one
-  row a thread, workgroups of 128 threads. Q4_0 8192x2048 on an H100 (f65f19b, one call): 4.8 us a weight, 72% of a
-  copy, against 5.8 us at the flat reduce's 32,2,4 and 5.1-6.6 us at six other sizes."""
-  threads = min(32, steps)
+  """An int8_dot matvec (its dp4a a custom op): a row of `steps` blocks over half as many threads (two blocks a thread),
+  at most 128, one row a thread, workgroups of at least 128 threads. On an H100: Q4_0 8192x2048 at 32,4,1 4.8 us a
+  weight, 72% of a copy (f65f19b), against 5.8 us at the flat reduce's 32,2,4 and 4.8-6.6 us at ten other sizes; 2048x8192
+  at 128,1,1 5.1 us, 65%, against 5.3-9.5 us at four others, 6.5 us at 32,4,1 (f3aba30)."""
+  threads = min(128, max(1, steps // 2))
   return threads, max(1, 128 // threads), 1
 
 def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False) -> Sizes:
