@@ -62,18 +62,21 @@ def prefetched_buffers(bufs: list[tuple[str, tuple[UOp, bool]]], uops: list[UOp]
   return [(name, u.max_numel() * u.dtype.itemsize) for name, (u, written) in bufs
           if not written and u.addrspace == AddrSpace.GLOBAL and u not in gathered]
 
+# one buffer's share: `{n}` bytes at `{name}`, cut into 16-byte aligned pieces as cp.async.bulk.prefetch.L2 wants them
+PREFETCH_SHARE = ("    {{ const unsigned long long tz_share = (({n}ull + tz_groups - 1) / tz_groups + 15) & ~15ull,",
+                  "        tz_base = (unsigned long long){name}, tz_end = tz_base + {n}ull,",
+                  "        tz_from = (tz_base + tz_share * tz_group + 15) & ~15ull, tz_next = tz_base + tz_share * (tz_group + 1),",
+                  "        tz_to = (tz_next < tz_end ? tz_next : tz_end) & ~15ull;",
+                  '      if (tz_to > tz_from) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"',
+                  '                                       :: "l"(tz_from), "r"((unsigned)(tz_to - tz_from)) : "memory"); }}')
+
 def prefetch_lines(buffers: list[tuple[str, int]]) -> list[str]:
-  """CUDA statements by which each workgroup's first thread asks the L2 for its even share of each buffer (16-byte
-  aligned pieces, as cp.async.bulk.prefetch.L2 wants them)."""
+  """CUDA statements by which each workgroup's first thread asks the L2 for its even share of each buffer."""
   if not buffers: return []
   lines = ["  if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {",
-           "    const unsigned long long tz_groups = gridDim.x * gridDim.y * gridDim.z, "
-           "tz_group = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);"]
-  for name, nbytes in buffers:
-    lines += [f"    {{ const unsigned long long tz_share = (({nbytes}ull + tz_groups - 1) / tz_groups + 15) & ~15ull, tz_base = (unsigned long long){name}, "
-              f"tz_end = tz_base + {nbytes}ull, tz_from = (tz_base + tz_share * tz_group + 15) & ~15ull, "
-              "tz_to = (tz_base + tz_share * (tz_group + 1) < tz_end ? tz_base + tz_share * (tz_group + 1) : tz_end) & ~15ull;",
-              '      if (tz_to > tz_from) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(tz_from), "r"((unsigned)(tz_to - tz_from)) : "memory"); }']
+           "    const unsigned long long tz_groups = gridDim.x * gridDim.y * gridDim.z,",
+           "        tz_group = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);"]
+  for name, nbytes in buffers: lines += [line.format(n=nbytes, name=name) for line in PREFETCH_SHARE]
   return [*lines, "  }"]
 
 def _sm(arch: str) -> int:

@@ -54,7 +54,8 @@ class Int8Rows:
 
 def int8_dot(w: WordBlocks, x: Int8Rows) -> Tensor:
   """w of a type in INT8_TYPES [..., O, nb, words], x [..., in] quantized -> [..., O] float32."""
-  if w.ggml_type not in INT8_TYPES: raise ValueError(f"int8_dot has no integer form for {w.ggml_type.name} (only {', '.join(t.name for t in INT8_TYPES)})")
+  if w.ggml_type not in INT8_TYPES:
+    raise ValueError(f"int8_dot has no integer form for {w.ggml_type.name} (only {', '.join(t.name for t in INT8_TYPES)})")
   xw = x.words.unsqueeze(-3)   # [..., 1, nb, 8]: one x for every row
   if w.bits == 8: dots = dp4a(w.words, xw)
   else: dots = dp4a(w.words & LOW_NIBBLES, xw[..., :4]) + dp4a((w.words >> 4) & LOW_NIBBLES, xw[..., 4:])

@@ -109,7 +109,8 @@ class _PackedWeight:
 
   def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
     if isinstance(x, Int8Rows) or (self.int8 and sel is None):
-      if not self.int8 or sel is not None: raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
+      if not self.int8 or sel is not None:
+        raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
       return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)

@@ -22,7 +22,8 @@ def load(args) -> tuple[Runtime, contextlib.AbstractContextManager]:
 @contextlib.contextmanager
 def _settings(h) -> Iterator[None]:
   # hints at their defaults leave tinygrad's own BEAM and JIT_BATCH_SIZE environment in force
-  with Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"}), programmatic_launch(h["pdl"], h["pdl_prefetch"]): yield
+  tinygrad = Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"})
+  with tinygrad, programmatic_launch(h["pdl"], h["pdl_prefetch"]): yield
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)

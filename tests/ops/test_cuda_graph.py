@@ -79,11 +79,11 @@ def test_prefetch_asks_for_the_buffers_a_kernel_reads_at_fixed_places_only(rng):
   lines = matvec.splitlines()
   body = lines[next(i for i, line in enumerate(lines) if "__global__" in line) + 1:]
   assert body[0] == cuda_graph.ENTRY[0] and cuda_graph.ENTRY[1] in body and body.index(cuda_graph.ENTRY[1]) > 2
-  prefetched = [line for line in body if "tz_share" in line]
-  assert len(prefetched) == 2 and "8192ull" in prefetched[0] + prefetched[1] and "128ull" in prefetched[0] + prefetched[1]
-  assert "data0" not in "".join(prefetched), "the output is written, not prefetched"
-  gathered = [line for line in gather.splitlines() if "tz_share" in line]
-  assert all("8192ull" not in line for line in gathered), "the table is read where a loaded index says"
+  def shares(source: str) -> list[str]: return [line for line in source.splitlines() if "const unsigned long long tz_share" in line]
+  def buffers(source: str) -> list[str]: return [line for line in source.splitlines() if "tz_base = " in line]
+  assert sorted(line.split("((")[1].split("ull")[0] for line in shares(matvec)) == ["128", "8192"], "w's 8192 bytes and x's 128"
+  assert len(buffers(matvec)) == 2 and "data0" not in "".join(buffers(matvec)), "the output is written, not prefetched"
+  assert all("8192ull" not in line for line in shares(gather)), "the table is read where a loaded index says"
   assert "prefetch" not in ranged and "prefetch" not in plain
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")

@@ -6,7 +6,6 @@ from tinygrad import GlobalCounters, Tensor, TinyJit, dtypes
 from quant.formats import FORMATS
 from ops.norm import NormedInput
 from quant.activations import round_activations
-from quant.int8_dot import INT8_TYPES
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
