@@ -12,7 +12,7 @@ here: tinygrad's compile workers (PARALLEL) are spawned fresh and would not have
 """
 import itertools
 import numpy as np
-from tinygrad import Tensor, dtypes
+from tinygrad import Device, Tensor, dtypes
 from tinygrad.helpers import PARALLEL
 from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
 from tinygrad.uop.ops import Ops, PatternMatcher, UOp, UPat
@@ -25,6 +25,9 @@ DEFINITIONS = {CUDARenderer: f"__device__ __forceinline__ int {NAME}(int a, int 
 
 def dp4a(a: Tensor, b: Tensor) -> Tensor:
   """a, b int32 (broadcast against each other) -> int32: the dot product of their four signed bytes."""
+  device = a.device if isinstance(a.device, str) else a.device[0]
+  if not isinstance(renderer := Device[device].renderer, CStyleLanguage):
+    raise ValueError(f"dp4a (the int8_dot strategy) needs a C-style renderer; {device} renders with {type(renderer).__name__}")
   PARALLEL.value = 0
   shape = tuple(np.broadcast_shapes(a.shape, b.shape))
   # the CUSTOMI's sources are given their full shape here (tinygrad broadcasts only its built-in ops) and cast to int32,

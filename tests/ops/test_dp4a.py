@@ -30,3 +30,9 @@ def test_dp4a_renders_as_the_cuda_instruction(tmp_path: Path, rng: np.random.Gen
   built = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "k.ptx"), str(tmp_path / "k.cu")], capture_output=True, text=True)
   assert built.returncode == 0, built.stderr
   assert b"dp4a" in (tmp_path / "k.ptx").read_bytes()
+
+def test_dp4a_needs_a_c_style_renderer(monkeypatch):
+  from types import SimpleNamespace
+  import ops.dp4a
+  monkeypatch.setattr(ops.dp4a, "Device", {"CPU": SimpleNamespace(renderer=object())})
+  with pytest.raises(ValueError, match="needs a C-style renderer; CPU renders with object"): dp4a(Tensor([1]), Tensor([2]))
