@@ -11,8 +11,9 @@ parted only at margins of 0.12-0.29. Two causes. Both engines round activations 
 activation within float-summation noise of a rounding tie moves by a whole step in one engine only (one such element made all
 of a 0.012 difference in llama3.2-1b's output matmul), and random weights carry it through every later block; tinyzoo's own
 packed_dot and fused strategies differ by 0.17 on llama3.2-1b that way. And tinyzoo's ggml rounding misses some of llama.cpp's
-fp16 roundings (tinygrad folds x.cast(half).cast(float) to x, and attention rounds the softmax weights before normalizing them
-where llama.cpp rounds the normalized ones): with those emulated, the tiny presets agree to 1e-5 and the full ones within 0.35."""
+fp16 roundings (tinygrad folds x.cast(half).cast(float) to x: the 8-bit activations' scales are rounded to fp16 on their bits
+since f3aba30, quant/activations.py, but attention rounds the softmax weights before normalizing them where llama.cpp rounds
+the normalized ones): with those emulated, the tiny presets agree to 1e-5 and the full ones within 0.35."""
 import hashlib
 import json
 import shutil
