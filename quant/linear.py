@@ -108,10 +108,10 @@ class _PackedWeight:
     return (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
 
   def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
-    if isinstance(x, Int8Rows) or (self.int8 and sel is None):
-      if not self.int8 or sel is not None:
-        raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
-      return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
+    dense_int8 = self.int8 and sel is None
+    if isinstance(x, Int8Rows) and not dense_int8:
+      raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
+    if dense_int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
     if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)

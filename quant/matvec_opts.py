@@ -251,10 +251,10 @@ def gpu_matvec_sizes(k: Scheduler) -> Sizes:
   if shape in _tuned: return _tuned[shape]
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
+  if any(u.op is Ops.CUSTOMI and u.arg.startswith(dp4a.NAME) for u in k.ast.toposort()): return integer_gpu_sizes(steps)
   # pairs of weight rows (gate and up) index the weights; a folded norm's pair is a dot and x's squares
   pairs, indices = _pair_products(k), _indices(k)
   row_pairs = sum(any(pair in idx for idx in indices) for pair in pairs)
-  if any(u.op is Ops.CUSTOMI and u.arg.startswith(dp4a.NAME) for u in k.ast.toposort()): return integer_gpu_sizes(steps)
   return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
                            row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
 
