@@ -1,6 +1,6 @@
 """`tinyzoo bench`: decode in JIT steady state, with kernels per token, ms per token, bytes read against the memory floor,
 capture and compile time, prefill speed, and llama.cpp measured in the same run when it is installed."""
-import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -10,91 +10,51 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 from tinygrad import Device, Tensor, TinyJit, dtypes
-from tinygrad.codegen import to_program_cache
 from tinygrad.device import Buffer
-from tinygrad.helpers import Context
 from experiments import journal, peer_llamacpp
-from experiments.kernels import CATEGORIES, replay_kernels, topk_kernels
+from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
-from models.catalog import file_sha256
+from quant.files import file_sha256
 from models.moe import MoE
 from models.runtime import Runtime, Timing
-from ops.cuda_graph import EDGES_BUILT, programmatic_launch
+from ops import patches
 from ops.topk import topk_by_name
-from profiles.hints import HINTS, Hints
-from quant.linear import StrategyPlan
+from profiles.hints import Hints, resolve
 from quant.requant import requantized_copy
 from ops.sampling import Sampler, SamplerParams
-from quant.matvec_opts import compiled_shapes, untuned_matvec_shapes
 
 @dataclass(frozen=True)
 class BenchConfig:
+  hints: Hints = field(default_factory=resolve)   # the kernel hints the model is built with (profiles/hints.py), each with its source
   prompt_tokens: int = 32
   tokens: int = 64
   warmup: int = 4
   ctx: int | None = None
-  # the kernel hints (profiles/hints.py says what each does), by default their built-in defaults
-  strategy: str = HINTS["strategy"].default
-  fuse: bool = HINTS["fuse"].default
-  norm: str = HINTS["norm"].default
-  act_break: bool = HINTS["act_break"].default
-  act_in_matmul: bool = HINTS["act_in_matmul"].default
-  attention: str = HINTS["attention"].default
-  kv_layout: str = HINTS["kv_layout"].default
-  softmax: str = HINTS["softmax"].default
-  row_upcast: int = HINTS["row_upcast"].default
-  topk: str = HINTS["topk"].default
-  beam: int = HINTS["beam"].default
-  jit_batch_size: int = HINTS["jit_batch_size"].default
-  pdl: bool = HINTS["pdl"].default
-  pdl_prefetch: bool = HINTS["pdl_prefetch"].default
-  rounding: str = "exact"
-  skip: tuple[str, ...] = ()        # components left out of every block: "attention", "ffn"
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
-  profile: bool = True              # apply this device's profile (its hints, GPU matvec sizes tuned per kernel shape) if it has one
   bandwidth: float | None = None   # GB/s; measured when None
   peer: bool = True
   llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
 
-  hint_sources: dict[str, str] = field(default_factory=dict)   # where each kernel hint came from (profiles/hints.py)
-
-  @staticmethod
-  def from_hints(hints: Hints, **rest) -> "BenchConfig":
-    return BenchConfig(**hints.values, hint_sources=hints.sources, **rest)
-
-  def hints(self) -> dict:
-    """{name: {"value", "source"}} of every kernel hint; a hint set after resolving (an experiment's switch) is runtime."""
-    return {n: {"value": getattr(self, n), "source": self.hint_sources.get(n, "default")} for n in HINTS}
-
   def switches(self) -> dict:
-    return {"strategy": self.strategy, "rounding": self.rounding, "fuse": self.fuse, "norm": self.norm, "act_break": self.act_break,
-            "act_in_matmul": self.act_in_matmul, "attention": self.attention, "kv_layout": self.kv_layout, "softmax": self.softmax,
-            "row_upcast": self.row_upcast,
-            "skip": list(self.skip),
-            "topk": self.topk, "BEAM": self.beam, "JIT_BATCH_SIZE": self.jit_batch_size, "pdl": self.pdl, "pdl_prefetch": self.pdl_prefetch,
-            "requant": self.requant,
-            "profile": self.profile}
+    """What a record says was switched: every hint's value, and the requantized copy measured."""
+    return {**{n: h["value"] for n, h in self.hints.as_dict().items()}, "requant": self.requant}
 
   def describe(self) -> str: return changed_switches(self.switches())
 
+  def with_switches(self, **switches) -> "BenchConfig":
+    """This config with an experiment's switches: hints set at run time, `requant` as given."""
+    requant = switches.pop("requant", self.requant)
+    return dataclasses.replace(self, hints=self.hints.with_runtime(**switches), requant=requant)
+
   def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
 
-  @contextlib.contextmanager
-  def tinygrad_context(self) -> Iterator[None]:
-    with Context(BEAM=self.beam, JIT_BATCH_SIZE=self.jit_batch_size), programmatic_launch(self.pdl, self.pdl_prefetch): yield
-
-  def runtime(self, path: Path, min_context: int) -> Runtime:
-    return Runtime(path, max_context=self.ctx or min_context, strategy=StrategyPlan.parse(self.strategy), rounding=self.rounding, fuse=self.fuse,
-                   progress=False, row_upcast=self.row_upcast, skip=self.skip, topk=self.topk, profile=self.profile, norm=self.norm,
-                   act_break=self.act_break, attention=self.attention, kv_layout=self.kv_layout, act_in_matmul=self.act_in_matmul,
-                   softmax=self.softmax)
+  def runtime(self, path: Path, min_context: int) -> Runtime: return Runtime(path, self.hints, self.ctx or min_context)
 
 def changed_switches(switches: dict) -> str:
-  """The switches of a record that differ from the defaults, or 'default switches'."""
+  """The switches of a record that differ from the built-in defaults, or 'default switches'."""
   default = BenchConfig().switches()
   changed = {k: v for k, v in switches.items() if v is not None and v != default.get(k)}
   return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in changed.items()) or "default switches"
@@ -117,14 +77,9 @@ def copy_bandwidth(device: str | None = None) -> float:
   return 2 * src.nbytes() / min(kernel_ms, driver_ms) / 1e6
 
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
-  with cfg.tinygrad_context(): return _bench(cfg.model_file(path), name, cfg)
-
-def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
-  # kernels compiled by an earlier run in this process would be reused for the same AST, whatever this run's codegen
-  # switches (row upcast, BEAM) ask for: start from an empty cache, which also makes compile_s a real compile
-  to_program_cache.clear()
-  compiled_shapes.clear()
-  edges = EDGES_BUILT["programmatic"]
+  path = cfg.model_file(path)
+  patches.install()
+  patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
   load_s = time.perf_counter() - t0
@@ -146,25 +101,27 @@ def _bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
+  matvecs = rt.kernels.heuristic
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size, moe[0].n_used / moe[0].n_experts if moe else 1.0)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": file_sha256(path),
-            "switches": cfg.switches(), "hints": cfg.hints(), "profile_file": rt.profile.name if rt.profile else None,
-            "matvec_shapes": {"gpu_compiled": len(set(compiled_shapes)), "untuned": untuned_matvec_shapes()},
+            "switches": cfg.switches(), "hints": cfg.hints.as_dict(), "profile_file": cfg.hints.profile.name if cfg.hints.profile else None,
+            "matvec_shapes": {"gpu_compiled": len(set(matvecs.compiled_shapes)) if matvecs else 0,
+                              "untuned": matvecs.untuned_shapes() if matvecs else []},
             "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
-                        "prefill_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "compile_s": round(steps[0], 2),
+                        "pp_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "depth": cfg.prompt_tokens, "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2),
-                        "programmatic_edges": EDGES_BUILT["programmatic"] - edges}}
+                        "programmatic_edges": rt.kernels.edges[0]}}
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
-    per_block = topk_kernels(topk_by_name(cfg.topk), moe[0].n_experts, moe[0].n_used, rt.device)
-    record["metrics"]["topk"] = {"algorithm": cfg.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
+    per_block = topk_kernels(topk_by_name(cfg.hints.topk), moe[0].n_experts, moe[0].n_used, rt.device)
+    record["metrics"]["topk"] = {"algorithm": cfg.hints.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
   peers = [llama_cpp(path, cfg) if cfg.peer else None,
            tinygrad_app(path, cfg) if cfg.tinygrad_src else None]
   if (peers := [p for p in peers if p is not None]): record["peer"], record["peers"] = peers[0], peers
@@ -183,10 +140,10 @@ def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 def table(records: list[dict]) -> str:
-  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "prefill tok/s", "peers tok/s")
+  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "peers tok/s")
   rows = [(r["model"], r["device"].split(",")[0][:40], changed_switches(r["switches"]),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
-           f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['prefill_tok_s']:.1f}",
+           f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['pp_tok_s']:.1f}",
            ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
   widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"

@@ -12,12 +12,13 @@ import random
 import sys
 import numpy as np
 from tinygrad import Device
-from experiments.kernels import replay_kernels
-from models.catalog import file_sha256, resolve_model
+from ops.kernels import replay_kernels
+from models.catalog import resolve_model
+from quant.files import file_sha256
 from ops.attention import LAYOUTS, SOFTMAXES
-from ops.cuda_graph import EDGES_BUILT, programmatic_launch
 from ops.norm import NORMS
 from models.runtime import Runtime
+from profiles.hints import resolve
 from ops.sampling import Sampler, SamplerParams
 
 LOGITS_RTOL = 1e-3   # float32 on both sides: only the order of the sums differs
@@ -41,9 +42,9 @@ def run(rt: Runtime, ids: list[int], greedy: int) -> tuple[np.ndarray, list[int]
   return logits.numpy()[0].astype(np.float64), list(rt.continue_from(logits, len(ids), greedy, Sampler(SamplerParams(temperature=0))))
 
 def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", **hints) -> tuple[Runtime, str]:
-  """The preset's runtime with kernel hints (norm, kv_layout, act_in_matmul, softmax) other than the reference's defaults."""
+  """The preset's runtime with kernel hints (norm, kv_layout, act_in_matmul, softmax, pdl) other than the reference's defaults."""
   path = resolve_model(preset)
-  return Runtime(path, ctx, strategy, device=device, progress=False, **hints), file_sha256(path)
+  return Runtime(path, resolve({"strategy": strategy, **hints}), ctx, device), file_sha256(path)
 
 def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int, strategy: str = "packed_dot") -> None:
   seed = random.SystemRandom().randrange(1 << 31)
@@ -59,7 +60,8 @@ def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: in
   os.replace(tmp, out)
   print(f"wrote {len(cases)} CPU cases ({strategy}, prompt seed {seed}) to {out}")
 
-def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -> bool:
+def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -> tuple[bool, int]:
+  """Whether every case of the reference matches on `device`, and the programmatic edges its graphs were built with."""
   with open(ref_path) as f: ref = json.load(f)
   ok, runtimes = True, {}
   for case in ref["cases"]:
@@ -79,7 +81,7 @@ def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -
           f"{greedy}, {graph_batches(rt)} graph launches per "
           "decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): " % position_dependent(rt)
           + ("ok" if good else "MISMATCH"), flush=True)
-  return ok
+  return ok, sum(rt.kernels.edges[0] for rt, _ in runtimes.values())
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
@@ -107,11 +109,11 @@ def main() -> None:
     if not a.presets: p.error("--save needs presets")
     save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy, a.strategy)
   else:
-    with programmatic_launch(a.pdl, a.pdl_prefetch):
-      ok = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul, softmax=a.softmax)
+    ok, edges = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul,
+                        softmax=a.softmax, pdl=a.pdl or a.pdl_prefetch, pdl_prefetch=a.pdl_prefetch)
     if a.pdl:   # a check of kernels chained by programmatic launch that made none is no check of it
-      print(f"programmatic edges built: {EDGES_BUILT['programmatic']}" + ("" if EDGES_BUILT["programmatic"] else " (PDL NOT IN EFFECT)"))
-      ok &= EDGES_BUILT["programmatic"] > 0
+      print(f"programmatic edges built: {edges}" + ("" if edges else " (PDL NOT IN EFFECT)"))
+      ok &= edges > 0
     sys.exit(0 if ok else 1)
 
 if __name__ == "__main__":

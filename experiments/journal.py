@@ -1,4 +1,8 @@
-"""The lab journal: one JSON line per measured run, appended whole under a lock so concurrent runs never interleave."""
+"""The lab journal: one JSON line per measured run, appended whole under a lock so concurrent runs never interleave.
+
+A user's runs go to their own journal, outside the checkout: $TINYZOO_JOURNAL, else the user data directory
+($XDG_DATA_HOME/tinyzoo/journal.jsonl, by default ~/.local/share/tinyzoo/journal.jsonl). The project's committed records
+are results/journal.jsonl, written only when a command is given it (`--journal results/journal.jsonl`)."""
 import datetime
 import fcntl
 import json
@@ -10,7 +14,14 @@ from typing import Any
 from tinygrad import Device
 from profiles.device import device_name
 
-JOURNAL = Path(__file__).with_name("journal.jsonl")
+ENV = "TINYZOO_JOURNAL"
+RESULTS = Path(__file__).resolve().parent.parent / "results"   # the project's committed records, charts and device logs
+PROJECT_JOURNAL = RESULTS / "journal.jsonl"
+
+def user_journal(environ: os._Environ | dict = os.environ) -> Path:
+  """Where a user's runs are journaled unless a command is given another journal."""
+  if environ.get(ENV): return Path(environ[ENV]).expanduser()
+  return Path(environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share").expanduser() / "tinyzoo" / "journal.jsonl"
 
 def _git(*args: str) -> str:
   try: return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10).stdout.strip()
@@ -28,7 +39,10 @@ def context() -> dict[str, Any]:
   return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
           "dirty": dirty, "device": device_name(), "backend": Device.DEFAULT, "tinygrad": version("tinygrad")}
 
-def append(record: dict[str, Any], path: os.PathLike = JOURNAL) -> None:
+def append(record: dict[str, Any], path: os.PathLike | None = None) -> Path:
+  """Appends `record` to the journal at `path` (default the user's), made with its folder where missing; returns the path."""
+  path = Path(path) if path is not None else user_journal()
+  path.parent.mkdir(parents=True, exist_ok=True)
   line = (json.dumps(record, sort_keys=True) + "\n").encode()
   fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   try:
@@ -37,8 +51,12 @@ def append(record: dict[str, Any], path: os.PathLike = JOURNAL) -> None:
     if written != len(line): raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
     os.fsync(fd)
   finally: os.close(fd)
+  return path
 
-def read(path: os.PathLike = JOURNAL) -> list[dict[str, Any]]:
+def read(path: os.PathLike | None = None) -> list[dict[str, Any]]:
+  """The records of the journal at `path` (default the user's); none where it does not exist yet."""
+  path = Path(path) if path is not None else user_journal()
+  if not path.exists(): return []
   records = []
   for n, line in enumerate(Path(path).read_text().splitlines(), 1):
     if not line.strip(): continue

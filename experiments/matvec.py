@@ -15,15 +15,23 @@ from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
-from tinygrad.codegen import to_program_cache
-from quant.matvec_opts import Sizes, compiled_shapes, forced_gpu_sizes, use_row_upcast
+from quant.matvec_opts import MatvecOpts, Sizes
 from experiments.steady import steady_state
-from ops.cuda_graph import EDGES_BUILT, programmatic_launch
+from ops import patches
+from ops.patches import KernelSettings
+
+def settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forced: Sizes | None = None, pdl: bool = False,
+             prefetch: bool = False) -> KernelSettings:
+  """The kernel settings of a matvec measurement: a model's, with GPU matvec sizes `forced` where a sweep gives them."""
+  patches.install()
+  return KernelSettings(MatvecOpts.of(row_upcast, tuned or {}, forced) if row_upcast else None, pdl, pdl and prefetch)
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
   chosen = [s.strip() for s in strategies.split(",") if s.strip()]
   if (bad := [s for s in chosen if s not in STRATEGIES]): raise ValueError(f"unknown strategy {bad[0]!r} (choose from {', '.join(STRATEGIES)})")
-  use_row_upcast(row_upcast)
+  with settings(row_upcast): _bench_model(path, chosen, iters, batch, row_upcast)
+
+def _bench_model(path: os.PathLike, chosen: list[str], iters: int, batch: int, row_upcast: int) -> None:
   g = GGUFFile(path)
   largest: dict = {}
   for t in g.tensors.values():
@@ -71,13 +79,15 @@ def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
   return 2 * 4 * srcs[0].numel() * copies / m.pipelined_ms / 1e6, m.pipelined_ms * 1e3 / copies
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
-                   sweep: list[Sizes | None] | None = None, pdl: bool = False, prefetch: bool = False) -> list[dict]:
+                   sweep: list[Sizes | None] | None = None, pdl: bool = False, prefetch: bool = False, row_upcast: int = 8,
+                   tuned: dict[str, Sizes] | None = None) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
   replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run
   (a large one, and one a weight's size per kernel as many times):
-  one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default), each naming the kernel
-  shape it timed and whether its output matched numpy. `pdl`: the matvecs chained by programmatic dependent launch
-  (ops/cuda_graph.py), with `prefetch` each asking the L2 for its weight before it waits. Under int8_dot, x is quantized
+  one journal record per GPU matvec size in `sweep` (None: the sizes the kernels get by default: `tuned` per kernel
+  shape, else the built-in rule), each naming the kernel shape it timed and whether its output matched numpy. `pdl`: the
+  matvecs chained by programmatic dependent launch (ops/cuda_graph.py), with `prefetch` each asking the L2 for its
+  weight before it waits. Under int8_dot, x is quantized
   once a replay for all the weights (a kernel of its own, as a model's matmuls reading one x share it) and the output is
   checked against x rounded as ggml rounds it."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
@@ -99,12 +109,10 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
   copy_at_size, copy_at_size_us = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
-    to_program_cache.clear()   # the same kernel graph under new sizes must compile again
-    compiled_shapes.clear()
-    edges = EDGES_BUILT["programmatic"]
-    with forced_gpu_sizes(sizes), programmatic_launch(pdl, prefetch):   # one kernel per weight, as in a model
+    with (kernels := settings(row_upcast, tuned, sizes, pdl, prefetch)):   # one kernel per weight, as in a model
       m = steady_state(step, x, iters=iters)
       err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
+    compiled_shapes = kernels.heuristic.compiled_shapes if kernels.heuristic is not None else []
     gb_s = read / m.pipelined_ms / 1e6   # device time: the host's ~0.1 ms per synchronized call would swamp small weights
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {}),
                 **({"pdl_prefetch": True} if pdl and prefetch else {})}
@@ -115,5 +123,5 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
                                 "gb_s": round(gb_s, 1),
                                 "copy_gb_s": round(copy, 1), "fraction_of_copy": round(gb_s / copy, 3),
                                 "copy_at_size_gb_s": round(copy_at_size, 1), "copy_at_size_us": round(copy_at_size_us, 2),
-                                "programmatic_edges": EDGES_BUILT["programmatic"] - edges}})
+                                "programmatic_edges": kernels.edges[0]}})
   return records

@@ -2,23 +2,26 @@
 `run` measures baseline and variants in one process, one journal record each, sharing a run id."""
 import dataclasses
 import datetime
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 import yaml
 from experiments.bench import BenchConfig, bench
-from profiles.hints import HINTS
+from profiles.hints import HINTS, check
 
 DEFS = Path(__file__).with_name("defs")
-# switches a variant may set, and the BenchConfig field each one fills; `requant` swaps the model for a requantized copy
-SWITCHES = {"strategy": str, "rounding": str, "fuse": bool, "norm": str, "act_break": bool, "act_in_matmul": bool, "attention": str, "kv_layout": str,
-            "softmax": str,
-            "row_upcast": int, "skip": list, "topk": str, "beam": int,
-            "jit_batch_size": int, "pdl": bool, "pdl_prefetch": bool, "requant": str, "profile": bool}
-BENCH_KEYS = {"prompt_tokens": int, "tokens": int, "warmup": int, "ctx": int}
-
 class ExperimentError(ValueError): pass
+
+def _typed(key: str, kind: type, value: Any) -> Any:
+  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)): raise ValueError(f"{key} must be {kind.__name__}, got {value!r}")
+  return value
+
+# what a variant's switches and an experiment's bench sizes may set, each read by its parser: every kernel hint
+# (profiles/hints.py), and `requant`, which swaps the model for a requantized copy
+SWITCHES: dict[str, Callable[[Any], Any]] = {**{n: functools.partial(check, n) for n in HINTS}, "requant": functools.partial(_typed, "requant", str)}
+BENCH_KEYS: dict[str, Callable[[Any], Any]] = {k: functools.partial(_typed, k, int) for k in ("prompt_tokens", "tokens", "warmup", "ctx")}
 
 @dataclass(frozen=True)
 class Variant:
@@ -38,13 +41,15 @@ class Experiment:
   @property
   def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
 
-def _checked(where: str, table: Any, allowed: dict[str, type]) -> dict[str, Any]:
+def _checked(where: str, table: Any, allowed: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
+  """The table's entries, each key known and its value as `allowed` reads it."""
   if not isinstance(table, dict): raise ExperimentError(f"{where}: expected a mapping, got {type(table).__name__}")
+  out = {}
   for key, value in table.items():
     if key not in allowed: raise ExperimentError(f"{where}: unknown key {key!r} (known: {', '.join(allowed)})")
-    if not isinstance(value, allowed[key]) or (allowed[key] is int and isinstance(value, bool)):
-      raise ExperimentError(f"{where}: {key} must be {allowed[key].__name__}, got {value!r}")
-  return dict(table)
+    try: out[key] = allowed[key](value)
+    except ValueError as e: raise ExperimentError(f"{where}: {e}") from None
+  return out
 
 def _variant(where: str, raw: Any) -> Variant:
   if not isinstance(raw, dict) or not isinstance(raw.get("name"), str): raise ExperimentError(f"{where}: a variant needs a name")
@@ -72,11 +77,9 @@ def find(name: str, defs: Path = DEFS) -> Experiment:
   return known[name]
 
 def config(exp: Experiment, variant: Variant, base: BenchConfig, sizes: dict[str, int] | None = None) -> BenchConfig:
-  """The variant's switches over the experiment's bench sizes over `base`; `sizes` (from the command line) win over the experiment's."""
-  # a switch fills the BenchConfig field of its name (loading checked both name and type)
-  chosen = {k: tuple(v) if k == "skip" else v for k, v in variant.switches.items()}
-  return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}, **chosen,
-                             hint_sources={**base.hint_sources, **{k: "runtime" for k in chosen if k in HINTS}})
+  """The variant's switches (runtime hints) over the experiment's bench sizes over `base`; `sizes` (from the command line)
+  win over the experiment's."""
+  return dataclasses.replace(base, **{**exp.bench, **(sizes or {})}).with_switches(**variant.switches)
 
 def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
   """The baseline, then every variant or the `only` ones; an unknown name is an error."""

@@ -25,7 +25,7 @@ def measure(path: str, prompt_tokens: int, tokens: int, threads: int) -> dict:
     steps.append(time.perf_counter() - t0)
   ms = statistics.median(steps) * 1e3
   return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(1e3 / ms, 2),
-          "ms_per_token": round(ms, 3), "prefill_tok_s": round(prompt_tokens / prompt_s, 1)}
+          "ms_per_token": round(ms, 3), "pp_tok_s": round(prompt_tokens / prompt_s, 1), "depth": prompt_tokens}
 
 def run(path: str, prompt_tokens: int, tokens: int, threads: int = 2) -> dict | None:
   """The peer's figures, or None (with the reason on stderr) when llama-cpp-python is not installed or fails."""

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from experiments.journal import commit_times
-from experiments.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
+from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 KINDS = ("kernels", "speed", "breakdown", "history")
 FORMATS = ("png", "svg", "pdf")

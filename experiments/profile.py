@@ -13,15 +13,14 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from unittest import mock
-import tinygrad.engine.jit as tinygrad_jit
 from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.engine.realize import ExecContext, get_call_arg_uops, pm_exec
 from tinygrad.uop.ops import Ops, UOp
-from experiments.kernels import CATEGORIES, Kernel, replay_kernels
+from ops.kernels import CATEGORIES, Kernel, replay_kernels
 from experiments.peer_llamacpp import ncu_us
 from models.weights import LabelKind
+from ops import patches
 
 Labels = dict[Buffer, list[tuple[str, LabelKind]]]   # device buffer -> what it holds
 
@@ -118,7 +117,7 @@ def timed_replays(per_call: dict[UOp, list[list[float]]]):
       wall = time.perf_counter() - t0
       times.append(sum(e for e in ets if e is not None) if ets and all(e is not None for e in ets) else wall)
     per_call.setdefault(linear, []).append(times)
-  with mock.patch.object(tinygrad_jit, "run_linear", run_timed): yield
+  with patches.replays_through(run_timed): yield
 
 def rows_for(linear: UOp, labels: Labels, replay_times: list[list[float]], block: str | None = None) -> list[KernelRow]:
   """One row per kernel of `linear`; times are medians over the timed replays, split evenly inside a batch."""
@@ -189,7 +188,7 @@ def profile_model(path, name: str, cfg, repeats: int = 5) -> tuple[str, list[Ker
   """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
   kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean.
   Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed."""
-  with cfg.tinygrad_context(): return _profile(cfg.model_file(path), name, cfg, repeats)
+  return _profile(cfg.model_file(path), name, cfg, repeats)
 
 NCU_RANGE = "TINYZOO_NCU_RANGE"   # set in the process Nsight Compute profiles: one step inside cuProfilerStart/Stop
 
@@ -213,14 +212,15 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + repeats + 8)
   sampler = Sampler(SamplerParams(temperature=0))
-  token, pos = sampler(rt.prefill(prompt_ids(rt, cfg.prompt_tokens))), cfg.prompt_tokens
-  for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
   times: dict[UOp, list[list[float]]] = {}
-  if os.environ.get(NCU_RANGE):
-    with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1
-  else:
-    with timed_replays(times):
-      for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
+  with rt.kernels:   # the sampler's kernels too, as the runtime's generation loop compiles them
+    token, pos = sampler(rt.prefill(prompt_ids(rt, cfg.prompt_tokens))), cfg.prompt_tokens
+    for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
+    if os.environ.get(NCU_RANGE):
+      with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1
+    else:
+      with timed_replays(times):
+        for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
   labels = buffer_labels(rt.weights.labels)
   decode, sample = rt._decode.captured.linear, sampler.jit.captured.linear
   rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")

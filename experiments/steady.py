@@ -6,10 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 from tinygrad import Device, Tensor, TinyJit
-from experiments.kernels import count_kernels
-from ops import cuda_graph
-
-cuda_graph.install()
+from ops.kernels import count_kernels
 
 @dataclass(frozen=True)
 class Steady:

@@ -5,7 +5,6 @@ order of SEARCH: every other value of the hint is benched with the best values f
 fastest is kept (coordinate descent: a few trials per hint rather than the product of all). It stops when the budget is
 spent, after the trial running then. Every trial is a journal record of experiment `tune`.
 """
-import dataclasses
 import datetime
 import os
 import time
@@ -38,14 +37,14 @@ def tune(path: Path, name: str, start: BenchConfig, budget_s: float, on_record: 
   best_cfg, best = start, trial(start)["metrics"]["tok_s"]
   for hint, values in search_space(Device.DEFAULT).items():
     for value in values:
-      if value == getattr(best_cfg, hint): continue
+      if value == getattr(best_cfg.hints, hint): continue
       if time.perf_counter() - t0 > budget_s: return ranked(records)
-      cfg = dataclasses.replace(best_cfg, **{hint: value}, hint_sources={**best_cfg.hint_sources, hint: "runtime"})
+      cfg = best_cfg.with_switches(**{hint: value})
       if (tok_s := trial(cfg)["metrics"]["tok_s"]) > best: best_cfg, best = cfg, tok_s
   return ranked(records)
 
 def ranked(records: list[dict]) -> list[dict]: return sorted(records, key=lambda r: -r["metrics"]["tok_s"])
 
 def winner_hints(record: dict) -> dict:
-  """The hints of a trial, as a profile stores them."""
+  """The hints of a trial (save_hints keeps those a profile may set)."""
   return {n: h["value"] for n, h in record["hints"].items()}

@@ -4,7 +4,7 @@ from math import prod
 from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
-from ops.attention import KVCache, attention
+from ops.attention import KVCache, fused_attention
 from ops.activations import Gated
 from ops.norm import NormedInput, rms_norm, rms_scale
 from ops.rope import apply_rope
@@ -55,17 +55,16 @@ class AttentionSpec:
 
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
-    self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.attention, w.softmax, w.norm
-    self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"], [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
-                                                                      cfg.n_kv_heads * cfg.v_head_dim], cfg.dim)
-    self.o = w.linear(f"{prefix}.attn_output", cfg.dim, cfg.n_heads * cfg.v_head_dim)
-    self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight", cfg.head_dim) if spec.qk_norm else None
-    self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight", cfg.head_dim) if spec.qk_norm else None
-    self.sinks = w.vector(f"{prefix}.attn_sinks.weight", cfg.n_heads) if spec.sinks else None
+    self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.hints.attention, w.hints.softmax, w.hints.norm
+    self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"])
+    self.o = w.linear(f"{prefix}.attn_output")
+    self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight") if spec.qk_norm else None
+    self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight") if spec.qk_norm else None
+    self.sinks = w.vector(f"{prefix}.attn_sinks.weight") if spec.sinks else None
     # under ggml rounding the cache is fp16 (attention then rounds q to fp16), as in llama.cpp's default KV cache
-    kv_dtype = dtypes.float16 if w.rounding == "ggml" else dtypes.float32
+    kv_dtype = dtypes.float16 if w.hints.rounding == "ggml" else dtypes.float32
     # layout rows where q, k and v are one matmul into a float32 cache (k's norm, if any, is applied where it is read)
-    rows = w.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
+    rows = w.hints.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
                          q_width=cfg.n_heads * cfg.head_dim if rows else None)
     if self.cache.rows is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
@@ -109,9 +108,9 @@ class Attention:
   def _attend(self, q: Tensor, k: Tensor, v: Tensor, start_pos: sint, rope: tuple[Tensor, Tensor], q_norm: tuple[Tensor, float] | None,
               key_rope: tuple[Tensor, Tensor] | None = None, k_norm: tuple[Tensor, float] | None = None) -> Tensor:
     B, _, T, _ = q.shape
-    out = attention(q, k, v, start_pos, scale=self.spec.scale, window=self.spec.window, sinks=self.sinks, softcap=self.spec.softcap,
-                    q_rope=(*rope, self.spec.interleaved), q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
-                    softmax=self.softmax)
+    out = fused_attention(q, k, v, start_pos, scale=self.spec.scale, q_rope=(*rope, self.spec.interleaved), window=self.spec.window,
+                          sinks=self.sinks, softcap=self.spec.softcap, q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
+                          softmax=self.softmax)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
@@ -122,13 +121,12 @@ def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
 
 class FeedForward:
   """down(activation(gate(x), up(x))) over `{prefix}.ffn_{gate,up,down}{suffix}` (suffix "_shexp": DeepSeek's shared experts)."""
-  def __init__(self, w: Weights, prefix: str, dim: int, ffn_dim: int | None, activation: Gated, suffix: str = ""):
-    if ffn_dim is None: raise w.g.fail(f"missing metadata key '{w.g.architecture}.feed_forward_length'")
+  def __init__(self, w: Weights, prefix: str, activation: Gated, suffix: str = ""):
     # gate and up as one matmul over their joined rows (with `fuse`): left as two, tinygrad computes both in one kernel of
-    # two reduces, which its GPU optimizer cannot split over threads (412 us on an H100 for Llama-3.2-1B's, against 2 x 34)
-    self.gate_up = w.projections([f"{prefix}.ffn_gate{suffix}", f"{prefix}.ffn_up{suffix}"], [ffn_dim, ffn_dim], dim)
-    self.down = w.linear(f"{prefix}.ffn_down{suffix}", dim, ffn_dim)
-    self.activation, self.act_break, self.act_in_matmul = activation, w.act_break, w.act_in_matmul
+    # two reduces, which its GPU optimizer cannot split over threads
+    self.gate_up = w.projections([f"{prefix}.ffn_gate{suffix}", f"{prefix}.ffn_up{suffix}"])
+    self.down = w.linear(f"{prefix}.ffn_down{suffix}")
+    self.activation, self.act_break, self.act_in_matmul = activation, w.hints.act_break, w.hints.act_in_matmul
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
     if self.gate_up.joined_linear() is None: return self.down(down_input(self.activation(*self.gate_up(x)), self.act_break))
@@ -142,10 +140,10 @@ class Block:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, attn: Callable[[Tensor | NormedInput, sint], Tensor],
                ffn: Callable[[Tensor | NormedInput], Tensor],
                sandwich: bool = False, ffn_norm: str = "ffn_norm"):
-    self.attn, self.ffn, self.eps, self.skip, self.norm = attn, ffn, cfg.norm_eps, w.skip, w.norm
-    self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight", cfg.dim), w.vector(f"{prefix}.{ffn_norm}.weight", cfg.dim)
-    self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight", cfg.dim) if sandwich else None
-    self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight", cfg.dim) if sandwich else None
+    self.attn, self.ffn, self.eps, self.skip, self.norm = attn, ffn, cfg.norm_eps, w.hints.skip, w.hints.norm
+    self.attn_norm, self.ffn_norm = w.vector(f"{prefix}.attn_norm.weight"), w.vector(f"{prefix}.{ffn_norm}.weight")
+    self.post_attn_norm = w.vector(f"{prefix}.post_attention_norm.weight") if sandwich else None
+    self.post_ffn_norm = w.vector(f"{prefix}.post_ffw_norm.weight") if sandwich else None
 
   def _post(self, h: Tensor, norm: Tensor | None) -> Tensor:
     return h if norm is None else rms_norm(h, norm, self.eps, sum_per_output=sums_per_output(self.norm, h))
@@ -162,10 +160,11 @@ class Transformer:
   """Token ids [B, T] -> logits [B, vocab] at the last position."""
   def __init__(self, w: Weights, cfg: ModelConfig, blocks: list[Block], embed_scale: float = 1.0):
     # the output norm is folded nowhere: its reader, the sampler, takes realized logits
-    self.cfg, self.blocks, self.embed_scale, self.norm = cfg, blocks, embed_scale, "fused" if w.norm == "fold" else w.norm
-    self.embed: QTensor = w.table("token_embd.weight", cfg.vocab_size, cfg.dim)
-    self.output_norm = w.vector("output_norm.weight", cfg.dim)
-    self.lm_head = w.linear("output", cfg.vocab_size, cfg.dim) if w.has("output.weight") else w.over(self.embed, "output")
+    self.cfg, self.blocks, self.embed_scale = cfg, blocks, embed_scale
+    self.norm = "fused" if w.hints.norm == "fold" else w.hints.norm
+    self.embed: QTensor = w.table("token_embd.weight")
+    self.output_norm = w.vector("output_norm.weight")
+    self.lm_head = w.linear("output") if w.has("output.weight") else w.over(self.embed, "output")
 
   def __call__(self, tokens: Tensor, start_pos: sint) -> Tensor:
     x = self.embed.dequantize()[tokens]

@@ -1,6 +1,5 @@
 """Model names -> GGUF files: a path is used as it is; a registered name comes from its PyPI package; a synthetic preset
 (models.synth) is written once into the cache. Presets named like a real model are asked for as synth:NAME (any preset may be)."""
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -8,28 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from models.synth import PRESETS as SYNTH_PRESETS, synthesize
+from quant.files import cache_dir
 
 DEFAULT_MODEL = "gemma3-270m"
 SYNTH_PREFIX = "synth:"
 
 class ModelNotFound(Exception): pass
-
-def cache_dir() -> Path:
-  return Path(os.environ.get("TINYZOO_CACHE", Path.home() / ".cache" / "tinyzoo"))
-
-def file_sha256(path: os.PathLike) -> str:
-  """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""
-  st = os.stat(path)
-  memo = cache_dir() / "sha256" / hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-  if memo.exists(): return memo.read_text()
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 22): h.update(chunk)
-  memo.parent.mkdir(parents=True, exist_ok=True)
-  tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text(h.hexdigest())
-  os.replace(tmp, memo)
-  return h.hexdigest()
 
 @dataclass(frozen=True)
 class RealModel:

@@ -1,4 +1,5 @@
-"""The hyperparameters of a model, read once from GGUF metadata into a frozen dataclass."""
+"""The hyperparameters of a model, read once from GGUF metadata into a frozen dataclass (from a file, or from the metadata
+of a synthetic one before it is written: models/spec.py MetadataView)."""
 from dataclasses import dataclass, replace
 from gguf.quants import dequantize
 from ops.rope import Yarn
@@ -25,6 +26,7 @@ class ModelConfig:
 
   @staticmethod
   def from_gguf(g: GGUFFile) -> "ModelConfig":
+    """The config of the file's metadata; the vocabulary is the tokenizer's, as llama.cpp reads it."""
     arch = g.architecture
     key = lambda name: g.require(f"{arch}.{name}")
     opt = lambda name, default=None: g.get(f"{arch}.{name}", default)
@@ -36,11 +38,11 @@ class ModelConfig:
                   ext_factor=1.0 if opt("rope.scaling.type") == "yarn" else 0.0)
     if (factors := rope_freq_factors(g)) is not None:
       yarn = replace(yarn, freq_factors=factors) if yarn else Yarn(1.0, key("context_length"), ext_factor=0.0, freq_factors=factors)
-    if "token_embd.weight" not in g.tensors: raise g.fail("missing tensor 'token_embd.weight'")
+    if not (vocab := g.array_len("tokenizer.ggml.tokens") or opt("vocab_size", 0)): raise g.fail("missing metadata key 'tokenizer.ggml.tokens'")
     return ModelConfig(
       arch=arch, n_layers=key("block_count"), dim=dim, n_heads=n_heads, n_kv_heads=opt("attention.head_count_kv", n_heads),
       head_dim=head_dim, v_head_dim=opt("attention.value_length", head_dim), ffn_dim=opt("feed_forward_length"),
-      vocab_size=g.tensors["token_embd.weight"].shape[0], context_length=key("context_length"),
+      vocab_size=vocab, context_length=key("context_length"),
       norm_eps=key("attention.layer_norm_rms_epsilon"), rope_base=opt("rope.freq_base", 10000.0), rope_dims=opt("rope.dimension_count", head_dim),
       yarn=yarn, sliding_window=opt("attention.sliding_window"), final_softcap=opt("final_logit_softcapping"))
 

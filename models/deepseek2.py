@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, replace
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import sint
+from models import spec
 from models.blocks import Block, FeedForward, Transformer
 from models.config import ModelConfig
 from models.moe import MoE, MoEConfig
+from models.spec import TensorDef
 from models.weights import Weights
 from ops.activations import swiglu
 from ops.mla import LatentCache, mla_attention
@@ -37,6 +39,11 @@ def gating(g: GGUFFile, n_layers: int) -> Gating:
                  + ", ".join(f"{k} {v.value}" for k, v in GATING.items()) + ")")
   return GATING[func]
 
+def lite_shape(n_layers: int, vocab_size: int) -> bool:
+  """llama.cpp's shape rule for DeepSeek-V2-Lite-like files, whose converter writes no attention.q_lora_rank: it reads
+  none from a file of this shape (and requires one from any other)."""
+  return n_layers in (26, 27) or (n_layers == 48 and vocab_size == 128256)
+
 @dataclass(frozen=True)
 class MLAConfig:
   q_lora_rank: int    # 0: a plain attn_q
@@ -57,6 +64,16 @@ class MLAConfig:
                      g.get(f"{ARCH}.attention.value_length_mla") or key("attention.value_length"),
                      g.get(f"{ARCH}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1)
 
+  def tensors(self, b: str, cfg: ModelConfig) -> list[TensorDef]:
+    """Block b's attention tensors: q (plain, or through the q-LoRA), the latent with the rope key, its norm, the
+    per-head absorption and expansion matrices, the output projection."""
+    H, r, dk = cfg.n_heads, self.kv_lora_rank, self.nope_dim + self.rope_dim
+    q = [*spec.matmul(f"{b}.attn_q_a", self.q_lora_rank, cfg.dim), spec.norm(f"{b}.attn_q_a_norm", self.q_lora_rank),
+         *spec.matmul(f"{b}.attn_q_b", H * dk, self.q_lora_rank)] if self.q_lora_rank else spec.matmul(f"{b}.attn_q", H * dk, cfg.dim)
+    return [*q, *spec.matmul(f"{b}.attn_kv_a_mqa", r + self.rope_dim, cfg.dim), spec.norm(f"{b}.attn_kv_a_norm", r),
+            *spec.matmul(f"{b}.attn_k_b", r, self.nope_dim, lead=(H,)), *spec.matmul(f"{b}.attn_v_b", self.v_dim, r, lead=(H,)),
+            *spec.matmul(f"{b}.attn_output", cfg.dim, H * self.v_dim)]
+
 def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
   """(the rope's YaRN with llama.cpp's attention factor, the factor on the query scale). llama.cpp cancels the rope's
   magnitude correction 1 + 0.1 ln(factor) and, with a log multiplier m (DeepSeek-V2), scales q.k by (1 + 0.1 m ln(factor))^2."""
@@ -68,22 +85,22 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
-    self.cfg, self.mla, self.rope, self.scale, self.variant = cfg, mla, rope, scale, w.attention
-    H, r, dk = cfg.n_heads, mla.kv_lora_rank, mla.nope_dim + mla.rope_dim
-    first = (f"{prefix}.attn_q_a", mla.q_lora_rank) if mla.q_lora_rank else (f"{prefix}.attn_q", H * dk)
-    self.inputs = w.projections([first[0], f"{prefix}.attn_kv_a_mqa"], [first[1], r + mla.rope_dim], cfg.dim)
+    self.cfg, self.mla, self.rope, self.scale, self.variant = cfg, mla, rope, scale, w.hints.attention
+    r = mla.kv_lora_rank
+    self.inputs = w.projections([f"{prefix}.attn_q_a" if mla.q_lora_rank else f"{prefix}.attn_q", f"{prefix}.attn_kv_a_mqa"])
     if mla.q_lora_rank:
-      self.q_a_norm = w.vector(f"{prefix}.attn_q_a_norm.weight", mla.q_lora_rank)
-      self.q_b = w.linear(f"{prefix}.attn_q_b", H * dk, mla.q_lora_rank)
-    self.kv_a_norm = w.vector(f"{prefix}.attn_kv_a_norm.weight", r)
+      self.q_a_norm = w.vector(f"{prefix}.attn_q_a_norm.weight")
+      self.q_b = w.linear(f"{prefix}.attn_q_b")
+    self.kv_a_norm = w.vector(f"{prefix}.attn_kv_a_norm.weight")
     if w.has(f"{prefix}.attn_kv_b.weight") and not w.has(f"{prefix}.attn_k_b.weight"):
       raise w.g.fail(f"tensor '{prefix}.attn_kv_b.weight' is the old unsplit layout; reconvert the model with a current llama.cpp "
                      "(which writes attn_k_b and attn_v_b)")
-    self.k_b = w.stacked(f"{prefix}.attn_k_b", (H, r, mla.nope_dim))
-    self.v_b = w.stacked(f"{prefix}.attn_v_b", (H, mla.v_dim, r))
-    self.o = w.linear(f"{prefix}.attn_output", cfg.dim, H * mla.v_dim)
+    self.k_b = w.linear(f"{prefix}.attn_k_b")
+    self.v_b = w.linear(f"{prefix}.attn_v_b")
+    self.o = w.linear(f"{prefix}.attn_output")
     # under ggml rounding the cache is fp16, as llama.cpp's default KV cache
-    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=dtypes.float16 if w.rounding == "ggml" else dtypes.float32, device=w.device)
+    kv_dtype = dtypes.float16 if w.hints.rounding == "ggml" else dtypes.float32
+    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_dtype, device=w.device)
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
 
   def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
@@ -100,17 +117,49 @@ class MLAttention:
     out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant).transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 
-def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
-  g, mla = w.g, MLAConfig.from_gguf(w.g)
-  n_layers = cfg.n_layers - g.get(f"{ARCH}.nextn_predict_layers", 0)   # multi-token-prediction blocks are not run
+def _layout(g, cfg: ModelConfig) -> tuple[MLAConfig, MoEConfig | None, int, int]:
+  """The file's latent attention, its experts (None without), the blocks run (multi-token-prediction ones are not) and
+  the leading dense ones."""
+  n_layers = cfg.n_layers - g.get(f"{ARCH}.nextn_predict_layers", 0)
   n_dense = g.get(f"{ARCH}.leading_dense_block_count", 0)
-  moe = None if n_dense >= n_layers else MoEConfig.from_gguf(w, gating(g, cfg.n_layers), renorm=g.get(f"{ARCH}.expert_weights_norm", False))
+  moe = None if n_dense >= n_layers else MoEConfig.from_gguf(g, gating(g, cfg.n_layers), renorm=g.get(f"{ARCH}.expert_weights_norm", False))
+  return MLAConfig.from_gguf(g), moe, n_layers, n_dense
+
+def tensors(cfg: ModelConfig, g) -> list[TensorDef]:
+  mla, moe, n_layers, n_dense = _layout(g, cfg)
+  def block(i: int, b: str) -> list[TensorDef]:
+    ffn = spec.feed_forward(b, cfg.dim, cfg.ffn_dim) if i < n_dense or moe is None else moe.tensors(b, cfg.dim, selection_bias=True)
+    return [spec.norm(f"{b}.attn_norm", cfg.dim), *mla.tensors(b, cfg), spec.norm(f"{b}.ffn_norm", cfg.dim), *ffn]
+  return [spec.embedding(cfg), *(t for i in range(n_layers) for t in block(i, f"blk.{i}")), *spec.head(cfg)]
+
+def metadata(p, n_layers: int) -> dict:
+  """What a deepseek2 file says beyond the shared hyperparameters, as llama.cpp's converter writes the MLA form. llama.cpp
+  requires attention.q_lora_rank unless the file has DeepSeek-V2-Lite's shape (whose converter leaves it out), so a
+  preset without q-LoRA of another shape writes 0."""
+  m, moe, a = p.mla, p.moe, ARCH
+  if m.q_lora_rank and lite_shape(n_layers, p.vocab_size):
+    raise ValueError(f"llama.cpp reads no q-LoRA rank from a deepseek2 file of {n_layers} blocks and {p.vocab_size} tokens (it takes one "
+                     f"for DeepSeek-V2-Lite), and {p.name} has q-LoRA: choose another number of layers")
+  meta = {f"{a}.attention.kv_lora_rank": m.kv_lora_rank, f"{a}.attention.key_length_mla": m.nope_dim + m.rope_dim,
+          f"{a}.attention.value_length_mla": m.v_dim, f"{a}.rope.dimension_count": m.rope_dim, f"{a}.vocab_size": p.vocab_size,
+          f"{a}.leading_dense_block_count": n_layers if moe is None else moe.n_dense,
+          f"{a}.expert_feed_forward_length": p.ffn_dim if moe is None else moe.ffn_dim,
+          f"{a}.expert_shared_count": 0 if moe is None else moe.n_shared}
+  if m.q_lora_rank or not lite_shape(n_layers, p.vocab_size): meta[f"{a}.attention.q_lora_rank"] = m.q_lora_rank
+  if moe is not None:
+    if moe.scale is not None: meta[f"{a}.expert_weights_scale"] = moe.scale
+    if moe.norm: meta[f"{a}.expert_weights_norm"] = True
+    if moe.gating is not None: meta[f"{a}.expert_gating_func"] = moe.gating
+  return meta
+
+def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
+  mla, moe, n_layers, n_dense = _layout(w.g, cfg)
   yarn, mscale2 = yarn_scales(cfg.yarn, mla.yarn_log_mul)
   rope = rope_tables(mla.rope_dim, cfg.rope_base, max_context, yarn, w.device)
   scale = mscale2 / math.sqrt(mla.nope_dim + mla.rope_dim)
   blocks = []
   for i in range(n_layers):
     p = f"blk.{i}"
-    ffn = FeedForward(w, p, cfg.dim, cfg.ffn_dim, swiglu) if i < n_dense or moe is None else MoE(w, p, cfg.dim, moe, swiglu)
+    ffn = FeedForward(w, p, swiglu) if i < n_dense or moe is None else MoE(w, p, moe, swiglu)
     blocks.append(Block(w, p, cfg, MLAttention(w, p, cfg, mla, rope, scale, max_context), ffn))
   return Transformer(w, cfg, blocks)

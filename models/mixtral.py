@@ -5,10 +5,22 @@ from models import llama
 from models.blocks import Transformer
 from models.config import ModelConfig
 from models.moe import MoE, MoEConfig
+from models.spec import TensorDef
 from models.weights import Weights
 from ops.activations import swiglu
 from ops.routing import Gating
 
+ARCH = llama.ARCH
+EXPERT_WIDTH = "feed_forward_length"   # the metadata key of one expert's width
+
+def moe_config(g) -> MoEConfig: return MoEConfig.from_gguf(g, Gating.SOFTMAX, renorm=True, width_key=EXPERT_WIDTH)
+
+def tensors(cfg: ModelConfig, g) -> list[TensorDef]:
+  moe = moe_config(g)
+  return llama.tensors(cfg, g, lambda b: moe.tensors(b, cfg.dim))
+
+metadata = llama.metadata
+
 def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
-  moe = MoEConfig.from_gguf(w, Gating.SOFTMAX, renorm=True, ffn_key="feed_forward_length")
-  return llama.build(w, cfg, max_context, ffn=lambda i: MoE(w, f"blk.{i}", cfg.dim, moe, swiglu))
+  moe = moe_config(w.g)
+  return llama.build(w, cfg, max_context, ffn=lambda i: MoE(w, f"blk.{i}", moe, swiglu))

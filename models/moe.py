@@ -3,11 +3,14 @@
 from dataclasses import dataclass, replace
 from math import prod
 from tinygrad import Tensor
+from models import spec
 from models.blocks import FeedForward, gated_down_input
+from models.spec import TensorDef
 from ops.activations import Gated
 from models.weights import Weights
 from ops.norm import NormedInput
 from ops.routing import Gating, route
+from ops.topk import topk_by_name
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -20,27 +23,33 @@ class MoEConfig:
   n_shared: int = 0          # shared experts, stored as one FFN of n_shared * ffn_dim
 
   @staticmethod
-  def from_gguf(w: Weights, gating: Gating, renorm: bool = False, ffn_key: str = "expert_feed_forward_length") -> "MoEConfig":
-    g, arch = w.g, w.g.architecture
+  def from_gguf(g, gating: Gating, renorm: bool = False, width_key: str = "expert_feed_forward_length") -> "MoEConfig":
+    """The experts a file's metadata describes (`width_key`: the key of one expert's width); g a GGUFFile or MetadataView."""
+    arch = g.architecture
     n_experts, n_used = g.require(f"{arch}.expert_count"), g.require(f"{arch}.expert_used_count")
     if not 1 <= n_used <= n_experts: raise g.fail(f"'{arch}.expert_used_count' is {n_used}, but there are {n_experts} experts")
     # llama.cpp reads 0 as "no scaling"
     scale = g.get(f"{arch}.expert_weights_scale", 0.0) or 1.0
-    return MoEConfig(n_experts, n_used, g.require(f"{arch}.{ffn_key}"), gating, renorm, scale, g.get(f"{arch}.expert_shared_count", 0))
+    return MoEConfig(n_experts, n_used, g.require(f"{arch}.{width_key}"), gating, renorm, scale, g.get(f"{arch}.expert_shared_count", 0))
+
+  def tensors(self, b: str, dim: int, biases: bool = False, selection_bias: bool = False) -> list[TensorDef]:
+    """Block b's router, experts (with `biases`, each with a bias; spec.experts) and shared experts."""
+    shared = spec.feed_forward(b, dim, self.n_shared * self.ffn_dim, "_shexp") if self.n_shared else []
+    return spec.experts(b, dim, self.n_experts, self.ffn_dim, biases, selection_bias) + shared
 
 class MoE:
   """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
   whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
-  def __init__(self, w: Weights, prefix: str, dim: int, cfg: MoEConfig, activation: Gated):
-    self.cfg, self.activation, self.topk, self.act_break, self.act_in_matmul = cfg, activation, w.topk, w.act_break, w.act_in_matmul
-    E, ff = cfg.n_experts, cfg.ffn_dim
-    self.router = w.linear(f"{prefix}.ffn_gate_inp", E, dim)
-    self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias", E) if w.has(f"{prefix}.exp_probs_b.bias") else None
+  def __init__(self, w: Weights, prefix: str, cfg: MoEConfig, activation: Gated):
+    self.cfg, self.activation, self.topk = cfg, activation, topk_by_name(w.hints.topk)
+    self.act_break, self.act_in_matmul = w.hints.act_break, w.hints.act_in_matmul
+    self.router = w.linear(f"{prefix}.ffn_gate_inp")
+    self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias") if w.has(f"{prefix}.exp_probs_b.bias") else None
     # gate and up as one matmul over their joined rows, whether the file joins them or not
-    if w.has(f"{prefix}.ffn_gate_up_exps.weight"): self.gate_up = w.experts([f"{prefix}.ffn_gate_up_exps"], E, [2 * ff], dim)
-    else: self.gate_up = w.experts([f"{prefix}.ffn_gate_exps", f"{prefix}.ffn_up_exps"], E, [ff, ff], dim)
-    self.down = w.experts([f"{prefix}.ffn_down_exps"], E, [dim], ff)
-    self.shared = FeedForward(w, prefix, dim, cfg.n_shared * ff, activation, suffix="_shexp") if cfg.n_shared else None
+    if w.has(f"{prefix}.ffn_gate_up_exps.weight"): self.gate_up = w.experts([f"{prefix}.ffn_gate_up_exps"])
+    else: self.gate_up = w.experts([f"{prefix}.ffn_gate_exps", f"{prefix}.ffn_up_exps"])
+    self.down = w.experts([f"{prefix}.ffn_down_exps"])
+    self.shared = FeedForward(w, prefix, activation, suffix="_shexp") if cfg.n_shared else None
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
     """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can."""

@@ -1,25 +1,25 @@
 """A loaded model ready to run: weights packed on the device, KV caches, and prefill/decode each captured once by
-TinyJit with a symbolic start position, so steady-state decode never recompiles."""
+TinyJit with a symbolic start position, so steady-state decode never recompiles. Everything a runtime compiles and
+captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them."""
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.uop.ops import UOp
-from experiments.kernels import count_kernels
+from ops.kernels import count_kernels
 from models.config import ModelConfig
-from models.registry import builder_for
+from models.registry import architecture_of
+from models.spec import by_name
 from models.tokenizer import Tokenizer
 from models.weights import Weights
-from ops import cuda_graph
+from ops import patches
 from ops.host_io import DeviceSlot
+from ops.patches import KernelSettings
 from ops.sampling import READBACK, Sampler
+from profiles.hints import Hints, resolve
 from quant.gguf_file import GGUFFile
-from quant.linear import StrategyPlan
-from profiles.device import use_device_profile
-from quant.matvec_opts import DEFAULT_ROW_UPCAST, use_row_upcast, use_tuned_sizes
-
-cuda_graph.install()
+from quant.matvec_opts import MatvecOpts, forced_from_env
 
 DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = 32
@@ -39,23 +39,26 @@ class Timing:
   @property
   def decode_s(self) -> float: return sum(self.steps)
 
+def kernel_settings(hints: Hints) -> KernelSettings:
+  """How a runtime with these hints compiles its kernels and builds its graphs."""
+  opts = MatvecOpts.of(hints.row_upcast, dict(hints.matvec_sizes), forced_from_env()) if hints.row_upcast else None
+  return KernelSettings(opts, hints.pdl, hints.pdl and hints.pdl_prefetch, hints.beam, hints.jit_batch_size)
+
 class Runtime:
-  def __init__(self, path: str | os.PathLike, max_context: int | None = None, strategy: StrategyPlan | str = "packed_dot", rounding: str = "exact",
-               fuse: bool = True, device: str | None = None, progress: bool = True, row_upcast: int = DEFAULT_ROW_UPCAST,
-               skip: tuple[str, ...] = (), topk: str = "pairwise", profile: bool = True, norm: str = "fused",
-               act_break: bool = True, attention: str = "chunked", kv_layout: str = "heads", act_in_matmul: bool = False,
-               softmax: str = "max"):
-    use_row_upcast(row_upcast)
-    self.profile = use_device_profile() if profile else use_tuned_sizes({})   # the profile's path, or None
+  def __init__(self, path: str | os.PathLike, hints: Hints | None = None, max_context: int | None = None, device: str | None = None,
+               progress: bool = False):
+    patches.install()
+    self.hints = hints or resolve()
+    self.kernels = kernel_settings(self.hints)
     self.gguf = GGUFFile(path)
-    build = builder_for(self.gguf)
+    arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
-    self.weights = Weights(self.gguf, strategy, device, progress, rounding, fuse, skip, topk, norm, act_break, attention, kv_layout,
-                           act_in_matmul, softmax)
-    self.model = build(self.weights, self.cfg, self.max_context)
+    with self.kernels:
+      self.weights = Weights(self.gguf, self.hints, by_name(arch.tensors(self.cfg, self.gguf)), device, progress)
+      self.model = arch.build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)
     self._prefill = TinyJit(self._forward)
@@ -75,16 +78,17 @@ class Runtime:
     if not ids: raise ValueError("empty prompt")
     self.check_fits(len(ids))
     pos, logits = 0, None
-    while len(ids) - pos >= PREFILL_CHUNK:
-      logits = self._prefill(self._prefill_tokens.write(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
-      pos += PREFILL_CHUNK
-    for i in range(pos, len(ids)): logits = self.decode(ids[i], i)
+    with self.kernels:
+      while len(ids) - pos >= PREFILL_CHUNK:
+        logits = self._prefill(self._prefill_tokens.write(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
+        pos += PREFILL_CHUNK
+      for i in range(pos, len(ids)): logits = self.decode(ids[i], i)
     assert logits is not None
     return logits
 
   def decode(self, token: int | Tensor, pos: int) -> Tensor:
     """Logits [1, vocab] after feeding `token` (an id, or a [1, 1] int32 device tensor such as a sampled one) at `pos`."""
-    return self._decode(token if isinstance(token, Tensor) else self._decode_token.write(token), self._decode_pos.bind(pos))
+    with self.kernels: return self._decode(token if isinstance(token, Tensor) else self._decode_token.write(token), self._decode_pos.bind(pos))
 
   def kernels_per_token(self, sampler: Sampler | None = None) -> int:
     """Kernels one decoded token replays: the decode JIT plus the sampler's, once both have captured."""
@@ -115,9 +119,10 @@ class Runtime:
         batch = min(n - done, 1 if done < 3 else READBACK)
         sampler.prepare(batch, logits.device)
         t0 = time.perf_counter()
-        for i in range(done, done + batch):
-          token = sampler.queue(logits if token is None else self.decode(token, pos + i - 1))
-        tokens = sampler.collect(batch)
+        with self.kernels:
+          for i in range(done, done + batch):
+            token = sampler.queue(logits if token is None else self.decode(token, pos + i - 1))
+          tokens = sampler.collect(batch)
         step_s = (time.perf_counter() - t0) / max(batch - (done == 0), 1)   # the first token needs no decode step
         for i, t in enumerate(tokens, start=done):
           if i: timing.steps.append(step_s)

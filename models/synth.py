@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, LlamaFileType
 from gguf.quants import dequantize
+from models.config import ModelConfig
+from models.registry import ARCHITECTURES, architecture_of
+from models.spec import MetadataView, TensorDef
 from models.tokenizers.bpe import BYTE_CHARS
 from quant.gguf_write import RawTensor, write_gguf
 from quant.random_blocks import FLOAT_DTYPES, random_blocks
@@ -171,7 +174,7 @@ class YarnSpec:
 @dataclass(frozen=True)
 class Preset:
   name: str
-  arch: str                   # general.architecture: "llama", "gemma3", "gpt-oss" or "deepseek2"
+  arch: str                   # general.architecture: one of models.registry.ARCHITECTURES
   n_layers: int
   dim: int
   n_heads: int
@@ -191,6 +194,13 @@ class Preset:
   mla: MLASpec | None = None
   yarn: YarnSpec | None = None
   tied: bool = True           # the output projection is the embedding table (no output.weight)
+
+  def writes(self, t: TensorDef) -> bool:
+    """Whether its files hold tensor t: every one a file needs, and of the optional ones those the model's real files have."""
+    if not t.optional: return True
+    if t.role == "rope_freqs": return self.llama3_rope is not None
+    if t.role == "selection_bias": return self.moe is not None and self.moe.selection_bias
+    return t.name == "output.weight" and not self.tied
 
 def _llama32(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, ffn_dim: int, vocab_size: int, n_specials: int) -> Preset:
   return Preset(name, "llama", n_layers, dim, n_heads, n_kv_heads, dim // n_heads, ffn_dim, vocab_size, 131072, 1e-5, 500000.0, "Q4_0",
@@ -214,6 +224,13 @@ def _gpt_oss(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, 
   return Preset(name, "gpt-oss", n_layers, dim, n_heads, n_kv_heads, head_dim, moe.ffn_dim, vocab_size, 131072, 1e-5, 150000.0, "MXFP4",
                 BPEVocab("gpt-4o", GPT_OSS_SPECIALS, "<|startoftext|>", "<|return|>", add_bos=False), sliding_window=window, moe=moe,
                 yarn=YarnSpec(32.0, 4096), tied=False)
+
+QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+                  "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+def _qwen3(name: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn_dim: int, vocab_size: int) -> Preset:
+  return Preset(name, "qwen3", n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, 40960, 1e-6, 1e6, "Q8_0",
+                BPEVocab("qwen2", QWEN3_SPECIALS, "<|endoftext|>", "<|im_end|>", add_bos=False))
 
 DEEPSEEK_VOCAB = BPEVocab("deepseek-llm", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"), "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                           add_bos=True)
@@ -259,16 +276,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
              MoESpec(8, 2, 64, 1, 1, gating=2, selection_bias=True, norm=True, scale=1.8), 1024, 202752, 1e-5, 1e6, GLM_VOCAB),
   _deepseek2("youtu-llm-2b", 32, 2048, 16, MLASpec(1536, 512, 128, 64, 128), 6144, None, 128256, 131072, 1e-6, 1.6e6, YOUTU_VOCAB, tied=True),
   _deepseek2("youtu-llm-2b-tiny", 2, 128, 4, MLASpec(96, 64, 32, 16, 32), 256, None, 1024, 131072, 1e-6, 1.6e6, YOUTU_VOCAB, tied=True),
+  _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936),
+  _qwen3("qwen3-0.6b-tiny", 2, 128, 4, 2, 64, 384, 1024),
 )}
 
 def _preset(name: str) -> Preset:
   if name not in PRESETS: raise ValueError(f"unknown synthetic preset {name!r} (choose from {', '.join(PRESETS)})")
   return PRESETS[name]
 
-# ---- the file
+# ---- the file: its tensors as its architecture describes them (models/spec.py), filled by their role
 
 @dataclass(frozen=True)
-class TensorSpec:
+class SynthTensor:
   name: str
   ggml_type: T
   shape: tuple[int, ...]           # logical, row-major
@@ -292,92 +311,45 @@ def _quant(quant: str | None, p: Preset) -> T:
 def _layers(p: Preset, layers: int | None) -> int:
   if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
     raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
-  n = p.n_layers if layers is None else layers
-  if p.mla is not None and p.mla.q_lora_rank and _deepseek2_lite(n, p.vocab_size):
-    raise ValueError(f"llama.cpp reads no q-LoRA rank from a deepseek2 file of {n} blocks and {p.vocab_size} tokens (it takes one for "
-                     f"DeepSeek-V2-Lite), and {p.name} has q-LoRA: choose another number of layers")
-  return n
-
-def _deepseek2_lite(n_layers: int, vocab_size: int) -> bool:
-  """llama.cpp's shape rule for DeepSeek-V2-Lite-like files, whose converter writes no attention.q_lora_rank."""
-  return n_layers in (26, 27) or (n_layers == 48 and vocab_size == 128256)
+  return p.n_layers if layers is None else layers
 
 ROUTER_BIAS_STD = 0.5   # gpt-oss router biases, against router logits of unit spread
 BIAS_STD = 0.1          # projection biases; also DeepSeek's expert selection bias, against sigmoid scores in (0, 1)
 SINK_STD = 1.0          # gpt-oss attention sinks, logits of the attention softmax
+FILLS = {"norm": (1.0, NORM_STD), "bias": (0.0, BIAS_STD), "router_bias": (0.0, ROUTER_BIAS_STD), "selection_bias": (0.0, BIAS_STD),
+         "sinks": (0.0, SINK_STD)}   # F32 vectors: (mean, std)
 
-def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) -> list[TensorSpec]:
-  """Every tensor of the file, in order, without data. The embedding table (tied unless the preset has an output projection) is
-  Q8_0 under a quantized type and that float type otherwise. MXFP4 (gpt-oss's default) puts the experts in MXFP4 and every other
-  matmul in Q8_0, as real GPT-OSS files are. Routers, norms, biases and sinks are F32."""
+def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) -> list[SynthTensor]:
+  """Every tensor of the file, in order, without data: those its architecture's files hold (models/spec.py) that the
+  preset writes. The embedding table (tied unless the preset has an output projection) is Q8_0 under a quantized type and
+  that float type otherwise. MXFP4 (gpt-oss's default) puts the experts in MXFP4 and every other matmul in Q8_0, as real
+  GPT-OSS files are. Routers, norms, biases and sinks are F32."""
   p = _preset(name)
-  xq, n_layers = _quant(quant, p), _layers(p, layers)
+  xq = _quant(quant, p)
   q = T.Q8_0 if xq == T.MXFP4 else xq
   embd = q if GGML_QUANT_SIZES[q][0] == 1 else T.Q8_0
-  q_dim, kv_dim = p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
-  matmul = lambda n, out, inp, lead=(), t=q: TensorSpec(n, t, (*lead, out, inp), 1 / math.sqrt(inp))
-  norm = lambda n, size: TensorSpec(n, T.F32, (size,), NORM_STD, mean=1.0)
-  bias = lambda n, shape, std=BIAS_STD: TensorSpec(n, T.F32, shape, std, mean=0.0)
   # the first residual (the embedding row, times sqrt(dim) in Gemma) has an RMS of 1/sqrt(dim) (see the module's docstring)
   embd_std = 1 / math.sqrt(p.dim) / (math.sqrt(p.dim) if p.arch == "gemma3" else 1)
-  plan = [TensorSpec("token_embd.weight", embd, (p.vocab_size, p.dim), embd_std)]
-  if p.llama3_rope is not None:
-    factors = p.llama3_rope.freq_factors(p.head_dim, p.rope_base)
-    plan.append(TensorSpec("rope_freqs.weight", T.F32, factors.shape, 0.0, values=factors))
-  for i in range(n_layers):
-    b = f"blk.{i}"
-    plan.append(norm(f"{b}.attn_norm.weight", p.dim))
-    if p.mla is not None: plan += _mla_plan(p, b, matmul, norm)
-    else:
-      for n, out, inp in (("q", q_dim, p.dim), ("k", kv_dim, p.dim), ("v", kv_dim, p.dim), ("output", p.dim, q_dim)):
-        plan.append(matmul(f"{b}.attn_{n}.weight", out, inp))
-        if p.arch == "gpt-oss": plan.append(bias(f"{b}.attn_{n}.bias", (out,)))
-    if p.arch == "gpt-oss": plan += [bias(f"{b}.attn_sinks.weight", (p.n_heads,), SINK_STD), norm(f"{b}.post_attention_norm.weight", p.dim)]
-    if p.arch == "gemma3":
-      plan += [norm(f"{b}.attn_q_norm.weight", p.head_dim), norm(f"{b}.attn_k_norm.weight", p.head_dim),
-               norm(f"{b}.post_attention_norm.weight", p.dim)]
-    if p.arch != "gpt-oss": plan.append(norm(f"{b}.ffn_norm.weight", p.dim))
-    if p.moe is None or i < p.moe.n_dense:
-      plan += [matmul(f"{b}.ffn_gate.weight", p.ffn_dim, p.dim), matmul(f"{b}.ffn_up.weight", p.ffn_dim, p.dim),
-               matmul(f"{b}.ffn_down.weight", p.dim, p.ffn_dim)]
-    else: plan += _moe_plan(p, b, xq, matmul, bias)
-    if p.arch == "gemma3": plan.append(norm(f"{b}.post_ffw_norm.weight", p.dim))
   out_gain = LOGIT_STD / (embd_std * math.sqrt(p.dim))   # the output norm sets the spread of the logits
-  plan.append(TensorSpec("output_norm.weight", T.F32, (p.dim,), NORM_STD * out_gain, mean=out_gain))
-  if not p.tied: plan.append(matmul("output.weight", p.vocab_size, p.dim))
+  def fill(t: TensorDef) -> SynthTensor:
+    if t.role == "embedding": return SynthTensor(t.name, embd, t.shape, embd_std)
+    if t.role == "rope_freqs":
+      assert p.llama3_rope is not None
+      return SynthTensor(t.name, T.F32, t.shape, 0.0, values=p.llama3_rope.freq_factors(2 * t.shape[0], p.rope_base))
+    if t.role in ("matmul", "router", "experts"): return SynthTensor(t.name, {"matmul": q, "router": T.F32, "experts": xq}[t.role], t.shape,
+                                                                        1 / math.sqrt(t.shape[-1]))
+    mean, std = (out_gain, NORM_STD * out_gain) if t.role == "output_norm" else FILLS[t.role]
+    return SynthTensor(t.name, T.F32, t.shape, std, mean=mean)
+  meta = MetadataView({"general.architecture": p.arch, **metadata(name, quant, 0, layers)})
+  plan = [fill(t) for t in architecture_of(meta).tensors(ModelConfig.from_gguf(meta), meta) if p.writes(t)]
   for t in plan:
     if t.shape[-1] % (block := GGML_QUANT_SIZES[t.ggml_type][0]):
       raise ValueError(f"{t.ggml_type.name} needs rows of whole {block}-element blocks; {name}'s {t.name} has rows of {t.shape[-1]}")
   return plan
 
-def _mla_plan(p: Preset, b: str, matmul, norm) -> list[TensorSpec]:
-  m = p.mla
-  assert m is not None
-  H, dk = p.n_heads, m.nope_dim + m.rope_dim
-  q = [matmul(f"{b}.attn_q_a.weight", m.q_lora_rank, p.dim), norm(f"{b}.attn_q_a_norm.weight", m.q_lora_rank),
-       matmul(f"{b}.attn_q_b.weight", H * dk, m.q_lora_rank)] if m.q_lora_rank else [matmul(f"{b}.attn_q.weight", H * dk, p.dim)]
-  return q + [matmul(f"{b}.attn_kv_a_mqa.weight", m.kv_lora_rank + m.rope_dim, p.dim), norm(f"{b}.attn_kv_a_norm.weight", m.kv_lora_rank),
-              matmul(f"{b}.attn_k_b.weight", m.kv_lora_rank, m.nope_dim, (H,)), matmul(f"{b}.attn_v_b.weight", m.v_dim, m.kv_lora_rank, (H,)),
-              matmul(f"{b}.attn_output.weight", p.dim, H * m.v_dim)]
-
-def _moe_plan(p: Preset, b: str, xq: T, matmul, bias) -> list[TensorSpec]:
-  """The router (F32), its biases (gpt-oss) or selection bias (DeepSeek), the experts in `xq`, and shared experts."""
-  m, oss = p.moe, p.arch == "gpt-oss"
-  assert m is not None
-  E, ff = (m.n_experts,), m.ffn_dim
-  plan = [matmul(f"{b}.ffn_gate_inp.weight", m.n_experts, p.dim, t=T.F32)]
-  if oss: plan.append(bias(f"{b}.ffn_gate_inp.bias", E, ROUTER_BIAS_STD))
-  if m.selection_bias: plan.append(bias(f"{b}.exp_probs_b.bias", E))
-  for n, out, inp in (("gate", ff, p.dim), ("up", ff, p.dim), ("down", p.dim, ff)):
-    plan.append(matmul(f"{b}.ffn_{n}_exps.weight", out, inp, E, xq))
-    if oss: plan.append(bias(f"{b}.ffn_{n}_exps.bias", (*E, out)))
-  if m.n_shared:
-    plan += [matmul(f"{b}.ffn_gate_shexp.weight", m.n_shared * ff, p.dim), matmul(f"{b}.ffn_up_shexp.weight", m.n_shared * ff, p.dim),
-             matmul(f"{b}.ffn_down_shexp.weight", p.dim, m.n_shared * ff)]
-  return plan
-
 def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> dict:
-  """The file's metadata (without general.architecture, which write_gguf adds): what llama.cpp needs to load it, what tinyzoo reads."""
+  """The file's metadata (without general.architecture, which write_gguf adds): the hyperparameters tinyzoo and llama.cpp
+  read, then what the architecture's files say of their own (its module's `metadata`), then the tokenizer."""
   p = _preset(name)
   q, n_layers, a = _quant(quant, p), _layers(p, layers), p.arch
   meta = {"general.type": "model", "general.name": f"synthetic {name} (seed {seed})", "general.quantization_version": 2,
@@ -387,37 +359,17 @@ def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | N
           f"{a}.attention.head_count": p.n_heads, f"{a}.attention.head_count_kv": p.n_kv_heads, f"{a}.attention.key_length": p.head_dim,
           f"{a}.attention.value_length": p.head_dim if p.mla is None else p.mla.kv_lora_rank,
           f"{a}.attention.layer_norm_rms_epsilon": p.norm_eps, f"{a}.rope.freq_base": p.rope_base}
-  if a in ("llama", "gpt-oss"): meta |= {f"{a}.rope.dimension_count": p.head_dim}
-  if a == "llama": meta[f"{a}.vocab_size"] = p.vocab_size
+  arch = ARCHITECTURES[a]
+  if hasattr(arch, "metadata"): meta |= arch.metadata(p, n_layers)
   if p.sliding_window is not None: meta[f"{a}.attention.sliding_window"] = p.sliding_window
-  if p.moe is not None:
-    meta |= {f"{a}.expert_count": p.moe.n_experts, f"{a}.expert_used_count": p.moe.n_used}
-    if a != "llama": meta[f"{a}.expert_feed_forward_length"] = p.moe.ffn_dim
+  if p.moe is not None: meta |= {f"{a}.expert_count": p.moe.n_experts, f"{a}.expert_used_count": p.moe.n_used}
   if p.yarn is not None:
     meta |= {f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": p.yarn.factor,
              f"{a}.rope.scaling.original_context_length": p.yarn.orig_ctx}
     if p.yarn.log_mul is not None: meta[f"{a}.rope.scaling.yarn_log_multiplier"] = p.yarn.log_mul
-  if p.mla is not None: meta |= _deepseek2_metadata(p, n_layers)
   return meta | p.vocab.metadata(p.vocab_size)
 
-def _deepseek2_metadata(p: Preset, n_layers: int) -> dict:
-  """As llama.cpp's converter writes the MLA form. llama.cpp requires attention.q_lora_rank unless the file has DeepSeek-V2-Lite's
-  shape (whose converter leaves it out), so a preset without q-LoRA of another shape writes 0."""
-  m, moe, a = p.mla, p.moe, "deepseek2"
-  assert m is not None
-  meta = {f"{a}.attention.kv_lora_rank": m.kv_lora_rank, f"{a}.attention.key_length_mla": m.nope_dim + m.rope_dim,
-          f"{a}.attention.value_length_mla": m.v_dim, f"{a}.rope.dimension_count": m.rope_dim, f"{a}.vocab_size": p.vocab_size,
-          f"{a}.leading_dense_block_count": n_layers if moe is None else moe.n_dense,
-          f"{a}.expert_feed_forward_length": p.ffn_dim if moe is None else moe.ffn_dim,
-          f"{a}.expert_shared_count": 0 if moe is None else moe.n_shared}
-  if m.q_lora_rank or not _deepseek2_lite(n_layers, p.vocab_size): meta[f"{a}.attention.q_lora_rank"] = m.q_lora_rank
-  if moe is not None:
-    if moe.scale is not None: meta[f"{a}.expert_weights_scale"] = moe.scale
-    if moe.norm: meta[f"{a}.expert_weights_norm"] = True
-    if moe.gating is not None: meta[f"{a}.expert_gating_func"] = moe.gating
-  return meta
-
-def _data(t: TensorSpec, seed: int) -> np.ndarray:
+def _data(t: SynthTensor, seed: int) -> np.ndarray:
   if t.values is not None: return t.values
   rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
   if t.mean: return (t.mean + t.std * rng.standard_normal(t.shape)).astype(np.float32)

@@ -1,4 +1,5 @@
-"""Scaled dot-product attention over a KV cache.
+"""Scaled dot-product attention over a KV cache: `attention` is the plain path, `fused_attention` the same computed from
+cheaper reads, each a named function beside the plain path's pieces and tested against it (tests/ops/test_attention.py).
 
 Layouts: q [B, Hq, T, D], caches k [B, Hkv, L, D] and v [B, Hkv, L, Dv] (L positions allocated, a multiple of CHUNK);
 Hq is a multiple of Hkv and query head h reads kv head h // (Hq // Hkv) (grouped-query attention). Query row i sits at
@@ -6,32 +7,31 @@ absolute position start_pos + i and key column j at position j; the cache holds 
 visible to query i when j <= start_pos + i, and with a sliding window also when j > start_pos + i - window. start_pos
 may be a bound symbolic variable (TinyJit decode).
 
-Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest. The sums over
-positions then have a static inner axis that a GPU spreads over threads; over the valid prefix alone (a symbolic
-length) each thread walked every position in turn, one load after the other (15 us a layer on an H100). The variant
-`whole` reads every chunk the cache allocated instead: static shapes and loop bounds at every position, at the cost
-of reading (and masking) the whole cache every step.
+The plain path: logits q.k * scale in float32 (a half cache meets q rounded to half, as llama.cpp's half KV cache does),
+soft-capped (`soft_capped`), masked (`visible`), softmax stabilized by their max, times the values (`softmax_values`).
+A sink (gpt-oss) is one learned logit per query head that joins the softmax denominator and contributes no value.
+Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest: the sums
+over positions then have a static inner axis that a GPU spreads over threads, where over the valid prefix alone (a
+symbolic length) each thread walked every position in turn. The variant `whole` reads every chunk the cache allocated:
+static shapes and loop bounds at every position, at the cost of reading (and masking) the whole cache every step.
 
-Logits are q.k * scale in float32, soft-capped as cap*tanh(logits/cap) before masking. `q_rope` (the cos and sin rows of
-the query positions, [T, rot_dims/2], and the pairing) rotates q where the logits read it, and a half cache meets q
-rounded to half (as llama.cpp's half KV cache does). That arithmetic runs on q broadcast against the keys, once per key:
-tinygrad realizes an elementwise result that is broadcast afterwards, and a rotated q would cost a kernel of its own.
-`q_norm` and `k_norm` (an RMS norm's weight and eps) say q, and the cached keys, arrive before their norm: the weight
-multiplies them as read and their 1/rms the logits (they are linear in q and in each key), each summed once per logit
-for the same reason (a norm before the rotation would be realized: the rotation reads it at two indices). With k_norm
-the dot and the squares are one sum whose terms a product combines (`_normed_logits`), and under softmax self the
-query's own key sits beside each key on a pair axis. A sink (gpt-oss) is one learned logit per query head that joins
-the softmax denominator and contributes no value.
-
-The softmax subtracts a stabilizer from the logits before exp. `softmax="max"` takes their max over positions, a
-kernel of its own: a max read inside the value sum, which sums over positions, would be recomputed for every position.
-`softmax="self"` takes each query's logit of its own key (the newest, always visible) plus SELF_MARGIN, summed with the
-logit itself as q.(k - k_self), so the logits kernel computes it and no kernel is added: the same softmax in exact
-arithmetic, and in float32 as long as no logit exceeds the query's own by more than about 130 (exp overflows past
-88 + SELF_MARGIN - ln(positions)), where the max's softmax is exact at any spread. For one query row (a decode step;
-a prefill keeps the max, as the norm `single` does) and not with a soft cap (not linear in q). A sink's term is
-exp(sink - q.k_self - margin), its own logit of 64 products computed again for each output by the value kernel (a
-sink with normalized q or keys keeps the max).
+The fused reads (`fused_attention`), each saving a kernel:
+- q rotated where the logits read it (`Reads.rotated`, from `q_rope`: the cos and sin rows of the query positions and the
+  pairing), on q broadcast against the keys, once per key: tinygrad realizes an elementwise result that is broadcast
+  afterwards, so a rotated q would be a kernel of its own. With `key_rope` (a row cache, `KVCache.write_rows`) the
+  cached keys arrive unrotated and are rotated by their positions' rows as read.
+- q and keys normalized where read (`q_norm`, `k_norm`: an RMS norm's weight and eps): the weight multiplies them as read
+  and their 1/rms the logits (linear in q and in each key), each summed once per logit for the same reason (a norm
+  before the rotation would be realized: the rotation reads it at two indices). With k_norm the dot and the squares are
+  one sum whose terms a product combines (`normed_logits`), and under softmax self the query's own key sits beside each
+  key on a pair axis.
+- softmax self (`relative_to_own_key`, `own_sink_peak`): the stabilizer is each query's logit of its own key (the newest,
+  always visible) plus SELF_MARGIN, summed with the logit itself as q.(k - k_self), so the logits kernel computes it and
+  no max kernel is added (a max read inside the value sum, which sums over positions, would be recomputed for every
+  position). The same softmax in exact arithmetic, and in float32 as long as no logit exceeds the query's own by more
+  than about 130 (exp overflows past 88 + SELF_MARGIN - ln(positions)), where the max's is exact at any spread. For one
+  query row (a decode step) and not with a soft cap (not linear in q). A sink's term is exp(sink - q.k_self - margin),
+  its own logit computed again by the value kernel (a sink with normalized q or keys keeps the max).
 """
 from typing import Callable
 from tinygrad import Tensor, dtypes
@@ -101,7 +101,112 @@ def _chunks(cache: Tensor, n: sint) -> Tensor:
   B, H, L, D = cache.shape
   return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
 
-def _normed_logits(q: Tensor, keys: Tensor, raw_keys: Tensor, raw_q: Tensor | None, q_eps: float, k_eps: float) -> Tensor:
+def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
+  """(B, Hq, T, D, Hkv, L) of a query against a cache, both checked."""
+  (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
+  if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
+  if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
+  if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
+  return B, Hq, T, D, Hkv, L
+
+def chunks_read(L: int, start_pos: sint, T: int, variant: str) -> sint:
+  """The chunks of a cache of L positions attention reads: those that hold valid positions (chunked), or all (whole)."""
+  return L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
+
+def soft_capped(logits: Tensor, cap: float) -> Tensor: return (logits / cap).tanh() * cap
+
+def visible(logits: Tensor, L: int, n: sint, start_pos: sint, window: int | None) -> Tensor:
+  """The logits [..., T, n, CHUNK] of the keys each query sees (at or before its position, inside the window), -inf elsewhere."""
+  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
+  qpos = (Tensor.arange(logits.shape[-3]) + start_pos).reshape(-1, 1, 1)
+  seen = kpos <= qpos
+  if window is not None: seen = seen & (kpos > qpos - window)
+  return seen.where(logits, float("-inf"))
+
+def _sinks(sinks: Tensor | None, Hkv: int, G: int) -> Tensor | None:
+  return None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, G, 1, 1, 1)
+
+def max_peak(logits: Tensor, sink: Tensor | None) -> Tensor:
+  """The plain stabilizer: the logits' max over positions (and the sink's logit, where larger), a kernel of its own."""
+  peak = logits.max(axis=(-2, -1), keepdim=True)
+  return peak if sink is None else peak.maximum(sink)
+
+def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
+  """sum(e * v) / sum(e) over positions, for a float32 cache: the denominator as one more output column of the value
+  sum (v with a column of ones), one kernel, not two; a sink's term is added to that column in the same kernel."""
+  ev = (e.unsqueeze(-1) * values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)).sum(axis=(-3, -2))
+  if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((values.shape[-1], 0),))
+  return ev[..., :-1] / ev[..., -1:]
+
+def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
+  """sum(e * v) / sum(e) over positions, for a half cache: e rounded to half against it, as llama.cpp does, while the
+  denominator stays float32."""
+  den = e.sum(axis=(-2, -1)).unsqueeze(-1)
+  return (e.cast(values.dtype).unsqueeze(-1) * values).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
+
+def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None) -> Tensor:
+  """softmax(logits) times the values [..., n, CHUNK, Dv], the logits less `peak` before exp and the division after the
+  value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator."""
+  e = (logits - peak).exp()
+  sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
+  return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
+
+def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
+              softcap: float|None = None, variant: str = "chunked") -> Tensor:
+  """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too."""
+  B, Hq, T, D, Hkv, L = _checked(q, k, variant)
+  n, G = chunks_read(L, start_pos, T, variant), Hq // Hkv
+  keys = _chunks(k, n)
+  shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
+  qg = q.reshape(B, Hkv, G, T, 1, 1, D).expand(shape)
+  if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
+  logits = (qg.cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
+  if softcap is not None: logits = soft_capped(logits, softcap)
+  logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, G)
+  peak = max_peak(logits, sink)
+  return softmax_values(logits, peak, _chunks(v, n), sink, peak).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+
+class Reads:
+  """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any
+  arithmetic on it), each rotation pair's elements swapped first where asked (pair_swapped, before any broadcast),
+  times a norm's weight and rotated by per-element tables (`rotated`)."""
+  def __init__(self, q: Tensor, k: Tensor, start_pos: sint, n: sint, q_rope: tuple[Tensor, Tensor, bool] | None):
+    (self.B, Hq, self.T, self.D), self.Hkv = q.shape, k.shape[1]
+    self.q, self.k, self.start_pos, self.n, self.G = q, k, start_pos, n, Hq // self.Hkv
+    self.half, self.interleaved = (0, False) if q_rope is None else (q_rope[0].shape[-1], q_rope[2])
+    # the rotation of the query positions, per element: on q, and on the query's own key where keys are rotated as read
+    self.at_queries = None if q_rope is None else \
+      tuple(t.reshape(self.T, 1, 1, self.D) for t in rope_per_element(*q_rope[:2], self.interleaved, self.D))
+
+  def _swapped(self, t: Tensor, swap: bool) -> Tensor: return pair_swapped(t, self.half, self.interleaved) if swap else t
+
+  def queries(self, shape: tuple, swap: bool = False) -> Tensor:
+    return self._swapped(self.q.reshape(self.B, self.Hkv, self.G, self.T, 1, 1, self.D), swap).expand(shape)
+
+  def own_keys(self, shape: tuple, swap: bool = False) -> Tensor:
+    own = self.k[:, :, self.start_pos:self.start_pos + self.T].reshape(self.B, self.Hkv, 1, self.T, 1, 1, self.D)
+    return self._swapped(own, swap).expand(shape)
+
+  def cached_keys(self, shape: tuple, swap: bool = False) -> Tensor: return _chunks(self._swapped(self.k, swap), self.n).expand(shape)
+
+  def at_keys(self, key_rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """The rotation of each cached key's position, per element, chunked as the keys are (tables padded to the cache)."""
+    L = self.k.shape[2]
+    cos, sin = (t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))) for t in key_rope)
+    return tuple(_chunks(t.reshape(1, 1, L, self.D), self.n) for t in rope_per_element(cos, sin, self.interleaved, self.D))
+
+  def rotated(self, view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, weight: Tensor | None) -> Tensor:
+    """view(shape) times weight (a norm's), rotated by per-element cos and sin tables."""
+    x = view(shape) if weight is None else view(shape) * weight
+    if tables is None: return x
+    x_swapped = view(shape, True) if weight is None else view(shape, True) * pair_swapped(weight, self.half, self.interleaved)
+    return x * tables[0] + x_swapped * tables[1]
+
+def relative_to_own_key(keys: Tensor, own: Tensor) -> Tensor:
+  """Each key less the query's own (softmax self): its logit is then the logit less the stabilizer's."""
+  return keys.cast(dtypes.float32) - own.cast(dtypes.float32)
+
+def normed_logits(q: Tensor, keys: Tensor, raw_keys: Tensor, raw_q: Tensor | None, q_eps: float, k_eps: float) -> Tensor:
   """q.k times each key's 1/rms (and q's, given q before its norm) over the last axis: the dot and the squares as one sum
   over the head's elements, its terms combined by a product, so that a GPU splits that one sum over threads (read as
   sums of their own, each is a loop every thread walks)."""
@@ -110,90 +215,55 @@ def _normed_logits(q: Tensor, keys: Tensor, raw_keys: Tensor, raw_q: Tensor | No
   sums, which = Tensor.stack(*terms, dim=-2).sum(-1), Tensor.arange(len(terms))
   return (which == 0).where(sums, (sums / q.shape[-1] + (which == 1).where(k_eps, q_eps)).rsqrt()).prod(-1)
 
-def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None,
-              sinks: Tensor|None = None, softcap: float|None = None, q_rope: tuple[Tensor, Tensor, bool]|None = None,
-              q_norm: tuple[Tensor, float]|None = None, key_rope: tuple[Tensor, Tensor]|None = None,
-              k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked", softmax: str = "max") -> Tensor:
-  (B, Hq, T, D), Hkv, L = q.shape, k.shape[1], k.shape[2]
-  if Hq % Hkv: raise ValueError(f"query heads {Hq} are not a multiple of kv heads {Hkv}")
-  if L % CHUNK: raise ValueError(f"a cache of {L} positions is not whole chunks of {CHUNK}")
-  if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
+def normed_logits_relative_to_own_key(q: Tensor, keys: Tensor, raw_keys: Tensor, own: Tensor, raw_own: Tensor, raw_q: Tensor | None,
+                                      q_eps: float, k_eps: float) -> Tensor:
+  """normed_logits less the query's logit of its own key (softmax self): the own key beside each key on the leading pair
+  axis of q's broadcast, its logit taken off in a sum over that axis."""
+  first = Tensor.arange(2).reshape(2, *[1] * (q.ndim - 1)) == 0
+  logits = normed_logits(q, first.where(keys, own), first.where(raw_keys, raw_own), raw_q, q_eps, k_eps)
+  return (logits * first.squeeze(-1).where(1.0, -1.0)).sum(0)
+
+def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> Tensor:
+  """A sink's stabilizer under softmax self: the query's logit of its own key (computed again where the sink is read)
+  plus the margin."""
+  one = (reads.B, reads.Hkv, reads.G, reads.T, 1, 1, reads.D)
+  qs = reads.rotated(reads.queries, one, reads.at_queries, None)
+  ks = reads.rotated(reads.own_keys, one, reads.at_queries if key_tables else None, None)
+  if half: qs = qs.cast(dtypes.float16)
+  return (qs.cast(dtypes.float32) * ks.cast(dtypes.float32)).sum(-1) * scale + SELF_MARGIN
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
+                    window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
+                    key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
+                    softmax: str = "max") -> Tensor:
+  """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
+  and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
+  `softmax` says."""
+  B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
+  if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
   # a sink's logit is met at the query's own logit (not linear in q with a norm on q or the keys)
   by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
-  n = L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
-  G, interleaved = Hq // Hkv, q_rope is not None and q_rope[2]
-  half = 0 if q_rope is None else q_rope[0].shape[-1]
-  if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
-  # q, the query's own key and the keys as views broadcast to a shape, each rotation pair's elements swapped first
-  # where asked (pair_swapped, before any broadcast); the query heads of each kv head on their own axis, so k and v
-  # broadcast instead of being repeated, and q broadcast against the keys before any arithmetic on it
-  def swapped(t: Tensor, swap: bool) -> Tensor: return pair_swapped(t, half, interleaved) if swap else t
-  def queries(shape: tuple, swap: bool = False) -> Tensor: return swapped(q.reshape(B, Hkv, G, T, 1, 1, D), swap).expand(shape)
-  def own_keys(shape: tuple, swap: bool = False) -> Tensor:
-    return swapped(k[:, :, start_pos:start_pos + T].reshape(B, Hkv, 1, T, 1, 1, D), swap).expand(shape)
-  def cached_keys(shape: tuple, swap: bool = False) -> Tensor: return _chunks(swapped(k, swap), n).expand(shape)
-  def rotated(view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, weight: Tensor | None) -> Tensor:
-    """view(shape) times weight (a norm's), rotated by per-element cos and sin tables (rope_per_element)."""
-    x = view(shape) if weight is None else view(shape) * weight
-    if tables is None: return x
-    x_swapped = view(shape, True) if weight is None else view(shape, True) * pair_swapped(weight, half, interleaved)
-    return x * tables[0] + x_swapped * tables[1]
-  at_queries = None if q_rope is None else tuple(t.reshape(T, 1, 1, D) for t in rope_per_element(*q_rope[:2], interleaved, D))
-  # with a key norm, each query's own key (softmax self) is read beside every key on a leading pair axis of q's broadcast
-  pairs = 2 if k_norm is not None and by_self else 1
-  shape = (B, Hkv, G, T, *_chunks(k, n).shape[-3:])   # n as the shrink simplified it
-  raw_q = queries(shape)
-  if pairs == 2: shape = (2, *shape)
-  qg = rotated(queries, shape, at_queries, None if q_norm is None else q_norm[0])
-  k_weight = None if k_norm is None else k_norm[0]
-  own = rotated(own_keys, shape, at_queries if key_rope is not None else None, k_weight) if by_self else None
-  if key_rope is None: keys = rotated(cached_keys, shape, None, k_weight)
-  else:   # unrotated keys (layout rows), rotated by their positions' rows of the tables as read
-    cos, sin = (t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))) for t in key_rope)
-    keys = rotated(cached_keys, shape, tuple(_chunks(t.reshape(1, 1, L, D), n) for t in rope_per_element(cos, sin, interleaved, D)), k_weight)
-  if k_norm is not None: raw_keys, raw_own = cached_keys(shape), own_keys(shape) if by_self else None   # before the norm's weight
+  reads = Reads(q, k, start_pos, n := chunks_read(L, start_pos, T, variant), q_rope)
+  key_tables = None if key_rope is None else reads.at_keys(key_rope)
+  shape = (B, Hkv, reads.G, T, *_chunks(k, n).shape[-3:])   # n as the shrink simplified it
+  raw_q = reads.queries(shape)
+  if k_norm is not None and by_self: shape = (2, *shape)   # the pair axis of normed_logits_relative_to_own_key
+  qg = reads.rotated(reads.queries, shape, reads.at_queries, None if q_norm is None else q_norm[0])
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  if k_norm is None:   # with `by_self` each query's own key (position start_pos + i) is taken off every key
-    if own is not None: keys = keys.cast(dtypes.float32) - own.cast(dtypes.float32)
-    logits = (qg.cast(dtypes.float32) * keys.cast(dtypes.float32)).sum(-1)   # [B, Hkv, G, T, n, CHUNK]
+  k_weight = None if k_norm is None else k_norm[0]
+  keys = reads.rotated(reads.cached_keys, shape, key_tables, k_weight)
+  own = reads.rotated(reads.own_keys, shape, reads.at_queries if key_rope is not None else None, k_weight) if by_self else None
+  if k_norm is None:
+    logits = (qg.cast(dtypes.float32) * (keys if own is None else relative_to_own_key(keys, own)).cast(dtypes.float32)).sum(-1)
     if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
-  else:   # the query's own key (by_self) beside each key on the leading pair axis, its logit taken off in a sum over it
-    first = Tensor.arange(pairs).reshape(pairs, *[1] * (qg.ndim - 1)) == 0
-    if own is not None: keys, raw_keys = first.where(keys, own), first.where(raw_keys, raw_own)
-    logits = _normed_logits(qg, keys, raw_keys, raw_q if q_norm is not None else None, q_norm[1] if q_norm else 0.0, k_norm[1])
-    if own is not None: logits = (logits * first.squeeze(-1).where(1.0, -1.0)).sum(0)
-  logits = logits * scale
-  if softcap is not None: logits = (logits / softcap).tanh() * softcap
-  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
-  qpos = (Tensor.arange(T) + start_pos).reshape(T, 1, 1)
-  visible = kpos <= qpos
-  if window is not None: visible = visible & (kpos > qpos - window)
-  logits = visible.where(logits, float("-inf"))
-  # softmax with the division after the value matmul: one kernel fewer than normalizing the weights first.
-  # A sink adds exp(sink) to the denominator only.
-  sink = None if sinks is None else sinks.cast(dtypes.float32).reshape(1, Hkv, G, 1, 1, 1)
-  if by_self:   # a sink meets the logits' stabilizer: the query's logit of its own key (computed again here) plus the margin
-    peak, sink_peak = SELF_MARGIN, None
-    if sink is not None:
-      one = (B, Hkv, G, T, 1, 1, D)
-      qs, ks = rotated(queries, one, at_queries, None), rotated(own_keys, one, at_queries if key_rope is not None else None, None)
-      if k.dtype == dtypes.float16: qs = qs.cast(dtypes.float16)
-      sink_peak = (qs.cast(dtypes.float32) * ks.cast(dtypes.float32)).sum(-1) * scale + SELF_MARGIN
   else:
-    peak = logits.max(axis=(-2, -1), keepdim=True)
-    if sink is not None: peak = peak.maximum(sink)
-    sink_peak = peak
-  e = (logits - peak).exp()
-  sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
-  vc = _chunks(v, n)
-  if v.dtype == dtypes.float32:
-    # the denominator as one more output column of the value matmul (v with a column of ones): one kernel, not two;
-    # a sink's term is added to that column in the same kernel
-    ev = (e.unsqueeze(-1) * vc.pad(((0, 0),) * (vc.ndim - 1) + ((0, 1),), value=1.0)).sum(axis=(-3, -2))
-    if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((v.shape[-1], 0),))
-    out = ev[..., :-1] / ev[..., -1:]
-  else:   # a half cache (ggml rounding) meets e rounded to half, as llama.cpp does, while the denominator stays float32
-    den = e.sum(axis=(-2, -1)).unsqueeze(-1)
-    out = (e.cast(v.dtype).unsqueeze(-1) * vc).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
-  return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+    q_normed = (raw_q, q_norm[1]) if q_norm is not None else (None, 0.0)
+    if own is None: logits = normed_logits(qg, keys, reads.cached_keys(shape), *q_normed, k_norm[1])
+    else: logits = normed_logits_relative_to_own_key(qg, keys, reads.cached_keys(shape), own, reads.own_keys(shape), *q_normed, k_norm[1])
+  logits = logits * scale
+  if softcap is not None: logits = soft_capped(logits, softcap)
+  logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, reads.G)
+  if by_self: peak, sink_peak = SELF_MARGIN, None if sink is None else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
+  else: peak = sink_peak = max_peak(logits, sink)
+  return softmax_values(logits, peak, _chunks(v, n), sink, sink_peak).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

@@ -1,55 +1,25 @@
-"""Two changes to tinygrad 0.14's CUDA graphs, installed once per process over its classes (its files are not touched).
+"""Programmatic dependent launch (Hopper's PDL; kernel hints `pdl` and `pdl_prefetch`) for tinygrad's CUDA graphs: what a
+kernel begins with and how the graph joins it. ops/patches.py installs both into tinygrad.
 
-Valid build sizes. CUDAGraph builds every kernel node with the launch sizes evaluated at 0 for every variable. A size
-such as the number of prompt tokens (a variable whose lower bound is 1), or the cache prefix before the current token,
-then reads 0, and CUDA rejects a grid dimension of 0 with CUDA_ERROR_INVALID_VALUE ("invalid argument" at
-cuGraphAddKernelNode). The sizes given at build time never run: tinygrad sets the real ones before every replay (its
-launch_dims_replace). So the build only needs valid ones: while it runs, every launch dimension is at least 1.
-
-Programmatic dependent launch (Hopper's PDL; kernel hint `pdl`). A graph's kernel waits for the kernels it depends on
-to end before it launches, so each kernel's launch and its workgroups' start come after the one before has drained
-(experiments/read_floor.cu measured that chain on the H100). Inside `programmatic_launch()`, kernels rendered for sm_90
-or later begin by letting the kernels after them launch, once all of their own workgroups have started, and then wait
-for the kernels before them to end, their writes visible, before anything else. The graph builder joins such a kernel
-to the kernels it depends on by programmatic edges, which let it launch early: its launch and start overlap their
-tail, and nothing it computes runs before they end. A kernel without the wait keeps full edges, as copies do.
-With `prefetch`, each workgroup of a kernel first asks the L2 for its even share of every buffer the kernel reads at
-fixed places (`prefetched_buffers`), then waits: a matvec's weight, which no kernel before it writes, streams in while
-they end (experiments/read_floor.cu: the dp4a matvec 6.07 -> 5.32 us on the H100). A prefetch only warms the L2, which
-every SM reads through, so it is safe even for a buffer the kernels before are still writing.
+A graph's kernel waits for the kernels it depends on to end before it launches, so each kernel's launch and its
+workgroups' start come after the one before has drained. Under `pdl`, kernels rendered for sm_90 or later begin with
+ENTRY: they let the kernels after them launch once all of their own workgroups have started, then wait for the kernels
+before them to end, their writes visible, before anything else. The graph builder joins such a kernel to the kernels it
+depends on by programmatic edges (`programmatic_add_kernel_node`), which let it launch early: its launch and start
+overlap their tail, and nothing it computes runs before they end. A kernel without the wait keeps full edges, as copies
+do. With `pdl_prefetch`, each workgroup first asks the L2 for its even share of every buffer the kernel reads at fixed
+places (`prefetched_buffers`), then waits: a matvec's weight, which no kernel before it writes, streams in while they
+end. A prefetch only warms the L2, which every SM reads through, so it is safe even for a buffer the kernels before are
+still writing.
 """
-import contextlib
 import ctypes
-from typing import Any, Callable, Iterator
-from tinygrad.uop.ops import Ops, ProgramInfo, UOp
+from typing import Any, Callable
+from tinygrad.uop.ops import Ops, UOp
 from tinygrad.dtype import AddrSpace
-
-_launch_dims = ProgramInfo.launch_dims
-
-def _launch_dims_at_least_one(self: ProgramInfo, var_vals: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-  global_size, local_size = _launch_dims(self, var_vals)
-  return tuple(max(1, d) for d in global_size), None if local_size is None else tuple(max(1, d) for d in local_size)
-
-@contextlib.contextmanager
-def valid_build_dims() -> Iterator[None]:
-  """Launch sizes evaluated inside are at least 1 in every dimension."""
-  ProgramInfo.launch_dims = _launch_dims_at_least_one   # type: ignore[method-assign]
-  try: yield
-  finally: ProgramInfo.launch_dims = _launch_dims       # type: ignore[method-assign]
 
 # a kernel's first two statements under programmatic launch, and what its PTX holds then
 ENTRY = ('  asm volatile("griddepcontrol.launch_dependents;");', '  asm volatile("griddepcontrol.wait;" ::: "memory");')
 WAITS = b"griddepcontrol.wait"
-_programmatic = [False, False]   # kernels begin with ENTRY; and prefetch between its two statements
-EDGES_BUILT = {"programmatic": 0}   # programmatic edges made by graph builds in this process
-
-@contextlib.contextmanager
-def programmatic_launch(on: bool = True, prefetch: bool = False) -> Iterator[None]:
-  """CUDA kernels rendered inside (for sm_90 or later) begin with ENTRY, so graphs chain them by programmatic edges;
-  with `prefetch` (and `on`), each workgroup asks the L2 for its share of the kernel's fixed reads before it waits."""
-  before, _programmatic[:] = list(_programmatic), [on, on and prefetch]
-  try: yield
-  finally: _programmatic[:] = before
 
 def prefetched_buffers(bufs: list[tuple[str, tuple[UOp, bool]]], uops: list[UOp]) -> list[tuple[str, int]]:
   """(name, bytes) of the global buffers a kernel reads only at places fixed by its launch: none written, none read
@@ -79,84 +49,39 @@ def prefetch_lines(buffers: list[tuple[str, int]]) -> list[str]:
   for name, nbytes in buffers: lines += [line.format(n=nbytes, name=name) for line in PREFETCH_SHARE]
   return [*lines, "  }"]
 
-def _sm(arch: str) -> int:
+def sm(arch: str) -> int:
+  """The compute capability of a CUDA arch: 'sm_90a' -> 90."""
   digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
   return int(digits) if digits else 0
-
-def _with_entry(render_kernel: Callable[..., str]) -> Callable[..., str]:
-  def render(self, function_name, kernel, bufs, uops, prefix=None) -> str:
-    if _programmatic[0] and _sm(self.target.arch) >= 90:
-      kernel = [ENTRY[0], *(prefetch_lines(prefetched_buffers(bufs, uops)) if _programmatic[1] else []), ENTRY[1], *kernel]
-    return render_kernel(self, function_name, kernel, bufs, uops, prefix)
-  render.with_entry = True   # type: ignore[attr-defined]
-  return render
 
 class EdgeData(ctypes.Structure):   # CUgraphEdgeData (CUDA 12.3)
   _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 5)]
 
 PROGRAMMATIC = EdgeData(from_port=1, type=1)   # CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 
-def _address(handle: Any) -> int | None: return ctypes.cast(handle, ctypes.c_void_p).value
+def address(handle: Any) -> int | None: return ctypes.cast(handle, ctypes.c_void_p).value
 
 def _nodes(like: Any, nodes: list) -> Any:
   return (like._type_ * len(nodes))(*nodes) if nodes else None
 
 def programmatic_add_kernel_node(add_kernel_node: Callable[..., int], add_dependencies: Callable[..., int],
-                                 waits: Callable[[int | None], bool]) -> Callable[..., int]:
+                                 waits: Callable[[int | None], bool], counter: list[int]) -> Callable[..., int]:
   """cuGraphAddKernelNode for one graph's build: a kernel whose function `waits` (on entry) depends on the graph's
   kernels before it by programmatic edges (cuGraphAddDependencies_v2, `add_dependencies`), on anything else by full
-  ones; other kernels as asked."""
+  ones; other kernels as asked. Counts the programmatic edges made in counter[0]."""
   kernels: set[int | None] = set()
 
   def add(node_ref, graph, deps, count: int, params_ref) -> int:
     upstream = [deps[i] for i in range(count)] if deps else []
-    early = {_address(d) for d in upstream if _address(d) in kernels} if waits(_address(params_ref._obj.func)) else set()
-    plain = [d for d in upstream if _address(d) not in early]
+    early = {address(d) for d in upstream if address(d) in kernels} if waits(address(params_ref._obj.func)) else set()
+    plain = [d for d in upstream if address(d) not in early]
     if (status := add_kernel_node(node_ref, graph, _nodes(deps, plain), len(plain), params_ref)) != 0: return status
     node = node_ref._obj
-    kernels.add(_address(node))
+    kernels.add(address(node))
     if not early: return 0
-    sources = [d for d in upstream if _address(d) in early]
+    sources = [d for d in upstream if address(d) in early]
     n = len(sources)
     status = add_dependencies(graph, _nodes(deps, sources), _nodes(deps, [node] * n), (EdgeData * n)(*[PROGRAMMATIC] * n), n)
-    if status == 0: EDGES_BUILT["programmatic"] += n
+    if status == 0: counter[0] += n
     return status
   return add
-
-@contextlib.contextmanager
-def programmatic_edges(graph: Any, cuda: Any) -> Iterator[None]:
-  """While `graph` (a CUDAGraph being built) adds its kernel nodes through `cuda` (tinygrad's driver bindings): each
-  kernel that waits on entry (its PTX holds ENTRY's wait) is joined to the kernels before it by programmatic edges.
-  A driver without edge data (before CUDA 12.3) keeps full edges."""
-  try: add_dependencies = cuda.dll.cuGraphAddDependencies_v2
-  except AttributeError: add_dependencies = None
-  if add_dependencies is None:
-    yield
-    return
-  add_dependencies.argtypes, add_dependencies.restype = [ctypes.c_void_p] * 4 + [ctypes.c_size_t], ctypes.c_int
-  waiting: dict[int | None, bool] = {}
-
-  def waits(func: int | None) -> bool:
-    if not waiting: waiting.update({_address(r.prg): WAITS in r.lib for r in graph.runtimes if hasattr(r, "prg")})
-    return waiting.get(func, False)
-  original = cuda.cuGraphAddKernelNode
-  cuda.cuGraphAddKernelNode = programmatic_add_kernel_node(original, add_dependencies, waits)
-  try: yield
-  finally: cuda.cuGraphAddKernelNode = original
-
-def install() -> None:
-  """Wraps tinygrad's CUDAGraph constructor (valid build sizes, programmatic edges) and its CUDA renderer's kernel
-  rendering (ENTRY inside programmatic_launch), once; a no-op where tinygrad has no CUDA graph runner."""
-  from tinygrad.renderer.cstyle import CUDARenderer
-  if not getattr(CUDARenderer.render_kernel, "with_entry", False): CUDARenderer.render_kernel = _with_entry(CUDARenderer.render_kernel)
-  try:
-    import tinygrad.runtime.autogen.cuda as cuda
-    from tinygrad.runtime.graph.cuda import CUDAGraph
-  except (ImportError, OSError): return
-  if getattr(CUDAGraph.__init__, "valid_build_dims", False): return
-  build = CUDAGraph.__init__
-
-  def __init__(self, *args, **kwargs):
-    with valid_build_dims(), programmatic_edges(self, cuda): build(self, *args, **kwargs)
-  __init__.valid_build_dims = True   # type: ignore[attr-defined]
-  CUDAGraph.__init__ = __init__      # type: ignore[method-assign]

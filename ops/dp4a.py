@@ -4,19 +4,16 @@ where a float matvec spends at least one instruction a weight; tinygrad renders 
 (Ops.CUSTOMI) calling a function that each C-style renderer defines at the top of the kernels using it: `__dp4a` on
 CUDA, four byte products in plain C elsewhere (the CPU tests run the same kernels).
 
-Two changes to tinygrad 0.14, installed once at import (its files are not touched): its devectorizers, which split an
-op over a vector (an UPCAST or UNROLL) into one op a lane, know only the built-in elementwise ops, so a CUSTOMI over a
-vector would reach the renderer whole and fail; they get the same split for CUSTOMI. And the kernel's source gets the
-function's definition where it calls it. Both live in this process only, so once a kernel uses dp4a, kernels compile
-here: tinygrad's compile workers (PARALLEL) are spawned fresh and would not have them.
+tinygrad's devectorizers, which split an op over a vector (an UPCAST or UNROLL) into one op a lane, know only the built-in
+elementwise ops, so a CUSTOMI over a vector would reach the renderer whole and fail: PER_LANE splits it the same way. It
+and the definition (`definition`) at the top of a kernel that calls the function are installed into tinygrad by
+ops/patches.py, which a kernel using dp4a needs.
 """
 import itertools
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
-from tinygrad.helpers import PARALLEL
 from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
 from tinygrad.uop.ops import Ops, PatternMatcher, UOp, UPat
-import tinygrad.codegen as codegen
 
 NAME = "tz_dp4a"
 _BYTES = " + ".join(f"(int)(signed char)(a >> {8 * k}) * (int)(signed char)(b >> {8 * k})" for k in range(4))
@@ -28,7 +25,6 @@ def dp4a(a: Tensor, b: Tensor) -> Tensor:
   device = a.device if isinstance(a.device, str) else a.device[0]
   if not isinstance(renderer := Device[device].renderer, CStyleLanguage):
     raise ValueError(f"dp4a (the int8_dot strategy) needs a C-style renderer; {device} renders with {type(renderer).__name__}")
-  PARALLEL.value = 0
   shape = tuple(np.broadcast_shapes(a.shape, b.shape))
   # the CUSTOMI's sources are given their full shape here (tinygrad broadcasts only its built-in ops) and cast to int32,
   # which also makes their buffers loads (a CUSTOMI straight over an index would be handed the address)
@@ -46,20 +42,6 @@ def _per_lane(op: UOp) -> UOp | None:
 
 PER_LANE = PatternMatcher([(UPat(Ops.CUSTOMI, name="op"), _per_lane)])
 
-def _definition(renderer: CStyleLanguage) -> str:
+def definition(renderer: CStyleLanguage) -> str:
+  """The function's definition for a kernel rendered by `renderer`."""
   return next(d for cls, d in DEFINITIONS.items() if isinstance(renderer, cls))
-
-def _with_definition(render):
-  def wrapped(self, uops):
-    source = render(self, uops)
-    return f"{_definition(self)}\n{source}" if NAME + "(" in source else source
-  wrapped.with_dp4a = True
-  return wrapped
-
-def install() -> None:
-  if getattr(CStyleLanguage.render, "with_dp4a", False): return
-  codegen.devectorizer2 = codegen.devectorizer2 + PER_LANE
-  codegen.ew_devectorizer = codegen.ew_devectorizer + PER_LANE
-  CStyleLanguage.render = _with_definition(CStyleLanguage.render)
-
-install()

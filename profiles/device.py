@@ -20,9 +20,9 @@ import subprocess
 from pathlib import Path
 import yaml
 from tinygrad import Device
-from profiles.hints import Hints, check, from_env, from_manifest, resolve
+from profiles.hints import HINTS, Hints, check, from_env, from_manifest, resolve
 from quant.gguf_file import GGUFFile
-from quant.matvec_opts import Sizes, parse_gpu_sizes, use_tuned_sizes
+from quant.matvec_opts import Sizes, parse_gpu_sizes
 
 PROFILES = Path(__file__).parent
 
@@ -54,7 +54,7 @@ def _hints(path: Path, node: yaml.Node) -> dict:
   out = {}
   for name, v in node.value:
     if not isinstance(v, yaml.ScalarNode): raise _fail(path, v, f"hint {name.value}: a value, not a list or mapping")
-    try: out[name.value] = check(name.value, v.value)
+    try: out[name.value] = check(name.value, v.value, "profile")
     except ValueError as e: raise _fail(path, name, str(e)) from None
   return out
 
@@ -95,10 +95,11 @@ def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, floa
   _save(path, {**old, "device": device})
 
 def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
-  """Replaces the hints of the profile at `path` (its matvec sizes kept) with `hints`, and `tuned` (the model, tok/s and
-  time they reached), written atomically."""
+  """Replaces the hints of the profile at `path` (its matvec sizes and per-architecture hints kept) with those of `hints`
+  a profile may set (run-only ones are left out), and `tuned` (the model, tok/s and time they reached), written atomically."""
   old = load(path) if path.exists() else _empty()
-  _save(path, {**old, "device": device, "hints": {n: check(n, v) for n, v in hints.items()}, "tuned": tuned})
+  kept = {n: check(n, v, "profile") for n, v in hints.items() if not HINTS[n].run_only}
+  _save(path, {**old, "device": device, "hints": kept, "tuned": tuned})
 
 def _save(path: Path, profile: dict) -> None:
   sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
@@ -110,27 +111,20 @@ def _save(path: Path, profile: dict) -> None:
                  + yaml.safe_dump(doc, sort_keys=False))
   os.replace(tmp, path)
 
-def use_device_profile(device: str | None = None, folder: Path | None = None) -> Path | None:
-  """Applies the profile of this device (its tuned matvec sizes) if there is one; returns its path, or None."""
+def device_profile(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
+  """The profile of this device (in `folder`, default profiles/) and its path; an empty one and None without one."""
   path = profile_path(device or device_name(), folder)
-  if not path.exists():
-    use_tuned_sizes({})
-    return None
-  use_tuned_sizes({shape: e["sizes"] for shape, e in load(path)["matvec_sizes"].items()})
-  return path
+  return (load(path), path) if path.exists() else (_empty(), None)
 
-def profile_hints(device: str | None = None, folder: Path | None = None, architecture: str | None = None) -> tuple[dict, Path | None]:
-  """The hints of this device's profile (in `folder`, default profiles/), those of `architecture` over the device's, and
-  its path; ({}, None) without one."""
-  path = profile_path(device or device_name(), folder)
-  if not path.exists(): return {}, None
-  profile = load(path)
-  return {**profile["hints"], **profile["architectures"].get(architecture, {})}, path
+def tuned_sizes(profile: dict) -> dict[str, Sizes]:
+  """The GPU matvec sizes a profile tuned per kernel shape."""
+  return {shape: e["sizes"] for shape, e in profile["matvec_sizes"].items()}
 
-def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> tuple[Hints, Path | None]:
+def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> Hints:
   """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (its hints for the
-  model's architecture over its others; unless `profile` is off) over the file's manifest over the defaults; and the
-  profile's path, or None."""
+  model's architecture over its others, and its GPU matvec sizes; unless `profile` is off) over the file's manifest over
+  the defaults."""
   g = GGUFFile(model)
-  hints, path = profile_hints(folder=folder, architecture=g.architecture) if profile else ({}, None)
-  return resolve({**from_env(), **runtime}, hints, from_manifest(g)), path
+  found, path = device_profile(folder=folder) if profile else (_empty(), None)
+  hints = {**found["hints"], **found["architectures"].get(g.architecture, {})}
+  return resolve({**from_env(), **runtime}, hints, from_manifest(g), tuned_sizes(found), path)

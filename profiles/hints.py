@@ -1,26 +1,32 @@
-"""Kernel hints: the switches that change which kernels a model runs, each resolved by one fixed priority:
+"""Kernel hints: every switch that changes which kernels a model runs, each resolved by one fixed priority:
 
-  runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value;..." (the flags win)
-  profile   this device's profile, profiles/<device>.yaml, under `hints:`
+  runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value;..." (the flags win), or an experiment's switches
+  profile   this device's profile, profiles/<device>.yaml, under `hints:` (and `architectures:`)
   manifest  the model file's metadata, `tinyzoo.hints.<name>` (written by `tinyzoo convert --hints`)
   default   built in
 
-`resolve` gives every hint its value and the source it came from; bench, run, profile and exp build models from the
-resolved hints, and journal records store them.
+`resolve` gives every hint its value and the source it came from, as one frozen `Hints` that is passed whole from the
+command line to the runtime, the weights and the blocks that read it; bench records store it. A hint is its entry in
+HINTS plus the code that reads it: the flags, `tinyzoo hints`, experiment switches and records all follow HINTS.
+Hints marked `run_only` (rounding, skip: they change results or the model, not only speed) are set at run time only.
 """
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
 from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
+from quant.activations import ROUNDINGS
 from quant.gguf_file import GGUFFile
-from quant.linear import StrategyPlan
+from quant.linear import STRATEGIES, StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
 SOURCES = ("runtime", "profile", "manifest", "default")
 ENV = "TINYZOO_HINTS"
 MANIFEST_PREFIX = "tinyzoo.hints."
+SKIPPABLE = ("attention", "ffn")   # component isolation: blocks leave these out of the residual stream
 
 def _bool(v: Any) -> bool:
   if isinstance(v, bool): return v
@@ -44,66 +50,104 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
 
 def _strategy(v: Any) -> str: return StrategyPlan.parse(str(v)).spec()
 
+def _components(v: Any) -> tuple[str, ...]:
+  parts = [p.strip() for p in (v.split(",") if isinstance(v, str) else v) if p.strip()]
+  if (bad := [p for p in parts if p not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
+  return tuple(dict.fromkeys(parts))
+
 @dataclass(frozen=True)
 class Hint:
-  default: Any
-  parse: Callable[[Any], Any]   # a value as written (str from YAML, metadata or the environment) -> the value, or ValueError
+  default: Any                    # the built-in value, or a function of nothing giving it when hints are resolved
+  parse: Callable[[Any], Any]     # a value as written (str from YAML, metadata or the environment) -> the value, or ValueError
   help: str
+  choices: tuple[str, ...] = ()   # the values a flag takes, where they are a few names
+  metavar: str | None = None
+  run_only: bool = False          # set at run time only (flags, TINYZOO_HINTS, experiment switches), never by a profile or manifest
+
+  def default_value(self) -> Any: return self.default() if callable(self.default) else self.default
+
+def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = False) -> Hint:
+  return Hint(default, _one_of(choices), help, choices, run_only=run_only)
 
 HINTS: dict[str, Hint] = {
-  "strategy": Hint("packed_dot", _strategy, "how matmuls read packed weights, per GGML type or FFN (quant/linear.py)"),
-  "topk": Hint("pairwise", _one_of(TOPK_ALGORITHMS), "MoE routing's top-k: pairwise ranks or tinygrad's sort"),
+  "strategy": Hint("packed_dot", _strategy, f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed "
+                   "by per-type and FFN overrides, e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (quant/linear.py)", metavar="SPEC"),
+  "rounding": _choice("exact", ROUNDINGS, "exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path "
+                      "does: 8-bit activations into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels; matches "
+                      "llama.cpp's near-ties)", run_only=True),
+  "skip": Hint((), _components, f"components left out of every block, to measure the rest alone: {' or '.join(SKIPPABLE)} (comma-"
+               "separated, or the flag repeated)", SKIPPABLE, run_only=True),
+  "topk": _choice("pairwise", TOPK_ALGORITHMS, "how MoE routing picks its experts: pairwise rank comparisons (2 kernels) or "
+                  "tinygrad's Tensor.topk (a sort)"),
   "fuse": Hint(True, _bool, "q/k/v and gate/up as one matmul per GGML type"),
-  "norm": Hint("fused", _one_of(NORMS), "how matmuls read an RMS norm: fused (computed inside, its squares summed first), break (realized "
-               "first), single (realized by one kernel) or fold (its squares summed inside the matvecs)"),
-  "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul"),
+  "norm": _choice("fused", NORMS, "how matmuls read an RMS norm: fused (computed inside them, a kernel summing x's squares first), "
+                  "break (realized first: one small kernel more per norm, the matvec reads one plain vector), single (realized by one "
+                  "kernel that sums x's squares again for every group of outputs) or fold (its squares summed inside the matvecs over "
+                  "packed_words weights, with exact rounding: one small kernel fewer per norm)"),
+  "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul (off: one kernel fewer per FFN, but the "
+                    "matvec recomputes the activation for each group of rows)"),
   "act_in_matmul": Hint(False, _bool, "the realized FFN activation computed by the kernel of gate and up's joined matmul, as a product "
-                        "over each gate and up row pair (one kernel fewer a dense FFN in a decode step; with act_break, where gate and up "
-                        "are one matmul)"),
-  "attention": Hint("chunked", _one_of(ATTENTION_VARIANTS), "which KV cache positions attention reads: the chunks that hold valid ones (chunked) or "
-                    "every chunk allocated, masked (whole: the same static shapes at every position, each step reading the whole cache)"),
-  "kv_layout": Hint("heads", _one_of(KV_LAYOUTS), "the KV cache per kv head, written by a kernel of its own (heads), or one row per position "
-                    "holding its q, k and v projections as their joined matmul writes them (rows: one kernel fewer a block; k rotated where "
-                    "read; where q, k and v are one matmul into a float32 cache without q/k norms, else heads)"),
-  "softmax": Hint("max", _one_of(SOFTMAXES), "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or each "
-                  "query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; exact unless a "
-                  "logit exceeds the query's own by about 130; not with sinks or a soft cap)"),
-  "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once (0: tinygrad's heuristic)"),
-  "jit_batch_size": Hint(32, _count, "kernels per graph batch on backends with graphs"),
-  "beam": Hint(0, _count, "tinygrad's BEAM search width for the captured kernels (0: hand-coded heuristics)"),
-  "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch once its "
-              "workgroups have started and waits on entry for the ones before it, so that a kernel's launch and start overlap the tail "
-              "of the one before (ops/cuda_graph.py; slower on the H100 so far)"),
-  "pdl_prefetch": Hint(False, _bool, "with pdl: before it waits, each workgroup of a kernel asks the L2 for its share of every buffer the "
-                       "kernel reads at places its launch fixes (a matvec's weight; not gathers, not kernels with variables), so that it "
-                       "streams in during the tail of the kernel before (ops/cuda_graph.py)"),
+                        "over each gate and up row pair (one kernel fewer a dense FFN in a decode step; with act_break and fuse)"),
+  "attention": _choice("chunked", ATTENTION_VARIANTS, "which KV cache positions attention reads: the chunks that hold valid ones "
+                       "(chunked) or every chunk allocated, masked (whole: the same static shapes at every position, each step "
+                       "reading the whole cache)"),
+  "kv_layout": _choice("heads", KV_LAYOUTS, "the KV cache per kv head, written by a kernel of its own (heads), or one row per "
+                       "position holding its q, k and v projections as their joined matmul writes them (rows: one kernel fewer a "
+                       "block, k rotated where read; where q, k and v are one matmul into a float32 cache, else heads)"),
+  "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "
+                     "each query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; "
+                     "exact unless a logit exceeds the query's own by about 130; not with a soft cap)"),
+  "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
+                     "heuristic for every kernel, GPU ones too)", metavar="N"),
+  "jit_batch_size": Hint(lambda: JIT_BATCH_SIZE.value, _count, "kernels per graph batch on backends with graphs (tinygrad's "
+                         "JIT_BATCH_SIZE)", metavar="N"),
+  "beam": Hint(lambda: BEAM.value, _count, "tinygrad's BEAM search width for the kernels (0: hand-coded heuristics; slow to "
+               "compile)", metavar="N"),
+  "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch "
+              "once its workgroups have started and waits on entry for the ones before it (ops/cuda_graph.py)"),
+  "pdl_prefetch": Hint(False, _bool, "with pdl: before it waits, each workgroup of a kernel asks the L2 for its share of every "
+                       "buffer the kernel reads at places its launch fixes (a matvec's weight; not gathers, not kernels with variables)"),
 }
 
-def check(name: str, value: Any) -> Any:
-  """The value of hint `name` as written; ValueError for an unknown name or a bad value."""
+def check(name: str, value: Any, source: str = "runtime") -> Any:
+  """The value of hint `name` as written by `source`; ValueError for an unknown name, a bad value, or a run-only hint
+  from a profile or manifest."""
   if name not in HINTS: raise ValueError(f"unknown hint {name!r} (known: {', '.join(HINTS)})")
+  if HINTS[name].run_only and source != "runtime": raise ValueError(f"hint {name} is set at run time only, not by a {source}")
   try: return HINTS[name].parse(value)
   except ValueError as e: raise ValueError(f"hint {name}: {e}") from None
 
 @dataclass(frozen=True)
 class Hints:
-  values: dict[str, Any]
-  sources: dict[str, str]
+  """Every hint's value (`hints.norm`, ...) and source; the device profile's GPU matvec sizes per kernel shape, and the
+  profile's path (None without one)."""
+  values: Mapping[str, Any]
+  sources: Mapping[str, str]
+  matvec_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+  profile: Path | None = None
 
-  def __getitem__(self, name: str) -> Any: return self.values[name]
+  def __getattr__(self, name: str) -> Any:
+    if name in (values := self.__dict__.get("values", {})): return values[name]
+    raise AttributeError(f"no hint {name!r}")
 
   def as_dict(self) -> dict[str, dict[str, Any]]:
     """{name: {"value": ..., "source": ...}}, as `tinyzoo hints --json` prints it and journal records store it."""
-    return {n: {"value": self.values[n], "source": self.sources[n]} for n in HINTS}
+    return {n: {"value": list(v) if isinstance(v := self.values[n], tuple) else v, "source": self.sources[n]} for n in HINTS}
 
-def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> Hints:
+  def with_runtime(self, **values: Any) -> "Hints":
+    """These hints with `values` set at run time (an experiment's switches, a tuning trial), each checked."""
+    return Hints({**self.values, **{n: check(n, v) for n, v in values.items()}}, {**self.sources, **{n: "runtime" for n in values}},
+                 self.matvec_sizes, self.profile)
+
+def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None,
+            matvec_sizes: Mapping[str, tuple[int, ...]] | None = None, profile_path: Path | None = None) -> Hints:
   """Each hint from the first source that sets it: runtime, profile, manifest, else its default (every value checked)."""
   values, sources = {}, {}
   for name, hint in HINTS.items():
     source, value = next(((s, layer[name]) for s, layer in zip(SOURCES, (runtime, profile, manifest)) if layer and name in layer),
-                         ("default", hint.default))
-    values[name], sources[name] = check(name, value), source
-  return Hints(values, sources)
+                         ("default", hint.default_value()))
+    values[name], sources[name] = check(name, value, source if source != "default" else "runtime"), source
+  return Hints(values, sources, dict(matvec_sizes or {}), profile_path)
 
 def parse(spec: str, where: str) -> dict[str, Any]:
   """Hints written "name=value;..." (items apart by ';': a strategy spec has commas), checked; `where` names them in errors."""
@@ -123,6 +167,10 @@ def from_manifest(g: GGUFFile) -> dict[str, Any]:
   """The hints a model file's metadata carries (`tinyzoo.hints.<name>`), checked."""
   out = {}
   for key in (k for k in g.keys() if k.startswith(MANIFEST_PREFIX)):
-    try: out[key.removeprefix(MANIFEST_PREFIX)] = check(key.removeprefix(MANIFEST_PREFIX), g.get(key))
+    try: out[key.removeprefix(MANIFEST_PREFIX)] = check(key.removeprefix(MANIFEST_PREFIX), g.get(key), "manifest")
     except ValueError as e: raise ValueError(f"{g.path}: metadata {key}: {e}") from None
   return out
+
+def manifest_entries(hints: dict[str, Any]) -> dict[str, Any]:
+  """The metadata entries (`tinyzoo.hints.<name>`) that carry `hints` as a model's manifest, each checked."""
+  return {MANIFEST_PREFIX + name: check(name, value, "manifest") for name, value in hints.items()}

@@ -3,16 +3,15 @@ them), with what was done recorded in the result's metadata.
 
 Norms, biases, F32 tensors and the token embedding (unless `embeddings`) are copied as they are; `only` limits the
 conversion to one part of each block. The result carries `tinyzoo.convert.*` (source file and sha256, command, time,
-converter) and the kernel hints given, as `tinyzoo.hints.<name>` (the manifest: profiles/hints.py). Written whole or
-not at all (quant/requant.py)."""
+converter) and the metadata given (`manifest`: kernel hints as `tinyzoo.hints.<name>`, profiles/hints.py). Written whole
+or not at all (quant/requant.py)."""
 import datetime
 import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any
 from gguf import GGMLQuantizationType as T
-from models.catalog import file_sha256
-from profiles.hints import MANIFEST_PREFIX, check
+from quant.files import file_sha256
 from quant.gguf_file import TensorInfo
 from quant.quantize import ggml_type_of
 from quant.requant import write_copy
@@ -22,11 +21,10 @@ PARTS = {"experts": "_exps.", "attention": ".attn_", "ffn": ".ffn_"}   # a part'
 EMBEDDINGS = ("token_embd.weight",)
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, quant: str, only: str | None = None, embeddings: bool = False,
-            hints: dict[str, Any] | None = None, command: str = "") -> Path:
+            manifest: dict[str, Any] | None = None, command: str = "") -> Path:
   t, src = ggml_type_of(quant), Path(src)
   if t not in TARGETS: raise ValueError(f"cannot convert to {t.name} (choose from {', '.join(x.name for x in TARGETS)})")
   if only is not None and only not in PARTS: raise ValueError(f"unknown part {only!r} (choose from {', '.join(PARTS)})")
-  checked = {name: check(name, value) for name, value in (hints or {}).items()}
   def select(info: TensorInfo) -> bool:
     return (only is None or PARTS[only] in info.name) and (embeddings or info.name not in EMBEDDINGS)
   try: version = importlib.metadata.version("tinyzoo")
@@ -34,5 +32,5 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, quant: str, only: st
   metadata = {"tinyzoo.convert.source": src.name, "tinyzoo.convert.source_sha256": file_sha256(src), "tinyzoo.convert.command": command,
               "tinyzoo.convert.time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "tinyzoo.convert.converter": f"tinyzoo {version}", "tinyzoo.convert.quant": t.name, "tinyzoo.convert.only": only or "all",
-              **{MANIFEST_PREFIX + name: value for name, value in checked.items()}}
+              **(manifest or {})}
   return write_copy(src, out, t, select, metadata)

@@ -1,49 +1,44 @@
-"""Kernel optimizations for matvecs over packed blocks, which tinygrad's heuristic handles badly on CPUs and GPUs.
+"""Kernel optimizations for matvecs over packed blocks, which tinygrad's heuristic handles badly on CPUs and GPUs;
+`MatvecOpts` chooses them per kernel in place of tinygrad's heuristic (ops/patches.py asks it through the kernel
+settings a runtime compiles under).
 
 GPUs: tinygrad's matvec rule only knows a plain `sum(w * x)`; a packed-dot reduce (nibbles, scales, two reduce axes) gets
-one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row (1152 bytes for
-Q4_0 at 2048) apart and the loads never coalesce (55 GB/s on an H100). `gpu_matvec` splits each row over threads
-(GROUP: a block's words to neighbouring threads under packed_words, the blocks otherwise), puts several rows in a
-workgroup (LOCAL), gives each thread a few rows (UPCAST), unrolls the bytes of a word and a few of the steps a thread
-takes along its rows (all their loads in flight at once). Sizes come from, first to
-last: TINYZOO_GPU_MATVEC="threads,block,rows[,span]" or `forced_gpu_sizes` (one size for every kernel, for sweeps), the
-sizes tuned per kernel shape on this device (`use_tuned_sizes`, from a device profile), the built-in rule.
+one thread per few rows, each walking its rows' blocks alone: neighbouring threads read bytes a row apart and the loads
+never coalesce. `gpu_matvec` splits each row over threads (GROUP: a block's words to neighbouring threads under
+packed_words, the blocks otherwise), puts several rows in a workgroup (LOCAL), gives each thread a few rows (UPCAST),
+unrolls the bytes of a word and a few of the steps a thread takes along its rows (all their loads in flight at once).
+Sizes come from, first to last: forced sizes (one size for every kernel, for sweeps; TINYZOO_GPU_MATVEC="threads,block,
+rows[,span]"), the sizes tuned per kernel shape on this device (a device profile's), the built-in rule. Other reduces
+that tinygrad leaves to few threads get opts of their own (attention over the chunks of a KV cache, full reductions).
 
-CPUs: tinygrad's heuristic leaves matvecs scalar and serial.
-
-tinygrad upcasts output rows only when a kernel has at least 1024 outputs, so a 576-row matvec is compiled as one
-accumulator per row: every multiply-add waits for the one before it. Upcasting rows gives independent accumulators
-(and vector loads of the shared activations), unrolling the innermost reduce keeps the block decode in registers.
-
-tinygrad has no per-kernel hook for this, so `use_row_upcast` wraps its heuristic. That is process-wide and kernels are
-cached by their graph, so the setting is chosen once per process, before the first kernel is compiled; and compiles
-stay in this process (tinygrad's compile workers are spawned fresh and would not see the wrapper).
+CPUs: tinygrad's heuristic leaves matvecs scalar and serial. It upcasts output rows only when a kernel has at least 1024
+outputs, so a 576-row matvec is compiled as one accumulator per row: every multiply-add waits for the one before it.
+Upcasting rows gives independent accumulators (and vector loads of the shared activations), unrolling the innermost
+reduce keeps the block decode in registers.
 """
-import contextlib
 import os
+from dataclasses import dataclass, field
 from math import gcd, prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
-from tinygrad.codegen.opt import heuristic
-from tinygrad.helpers import PARALLEL
 from tinygrad.codegen.opt.postrange import Scheduler
 from tinygrad.uop.ops import AxisType, Ops
 from ops import dp4a
+from ops.patches import tinygrad_heuristic
 
 DEFAULT_ROW_UPCAST = 8
 REDUCE_UNROLL = 4
 UNROLL_ELEMENTS = 128
-_tinygrad_heuristic, _tinygrad_parallel = heuristic.hand_coded_optimizations, PARALLEL.value
-_row_upcast = 0
-# The built-in GPU rules, fitted to the per-shape sweeps on an H100 (experiments/gpu_notes.md). packed_words (76de87d): 64
-# threads per row (or the blocks a row has) in workgroups of 64, each thread reading SPAN_ELEMENTS elements of a row as
-# neighbouring words (2 words of a 4-bit block) for 4 rows; for 2048 rows or fewer, half of each. A flat reduce
-# (packed_dot): 4 rows per thread (1 where a block unrolls to 32 or more bytes: more registers than that spill), then
-# threads per row doubled from 16 up to 128 (and the blocks a row has) until the kernel launches GPU_MATVEC_THREADS
-# threads, and workgroups of 64 threads.
+# The built-in GPU rules, fitted to per-shape sweeps on a GPU (the journal's gemv records). packed_words: 64 threads per
+# row (or the blocks a row has) in workgroups of 64, each thread reading SPAN_ELEMENTS elements of a row as neighbouring
+# words (2 words of a 4-bit block) for 4 rows; for 2048 rows or fewer, half of each. A flat reduce (packed_dot): 4 rows
+# per thread (1 where a block unrolls to 32 or more bytes: more registers than that spill), then threads per row doubled
+# from 16 up to 128 (and the blocks a row has) until the kernel launches GPU_MATVEC_THREADS threads, and workgroups of
+# 64 threads.
 GPU_MATVEC_THREADS = 1 << 16
 MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
 SPAN_ELEMENTS = 16
 Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, words of a block per thread (span)]
+FORCED_ENV = "TINYZOO_GPU_MATVEC"
 
 def parse_gpu_sizes(spec: str) -> Sizes:
   try: sizes = tuple(int(v) for v in spec.split(","))
@@ -54,39 +49,57 @@ def parse_gpu_sizes(spec: str) -> Sizes:
                      f"whole blocks), e.g. 16,4,4 or 64,1,4,1; got {spec!r}")
   return sizes
 
-_gpu_override = parse_gpu_sizes(os.environ["TINYZOO_GPU_MATVEC"]) if os.environ.get("TINYZOO_GPU_MATVEC") else None
-_tuned: dict[str, Sizes] = {}
-compiled_shapes: list[str] = []   # the kernel shape of every GPU matvec given sizes, in order (a sweep reads which it timed)
+def forced_from_env(environ: os._Environ | dict = os.environ) -> Sizes | None:
+  """The GPU matvec sizes TINYZOO_GPU_MATVEC forces on every kernel, or None."""
+  return parse_gpu_sizes(environ[FORCED_ENV]) if environ.get(FORCED_ENV) else None
 
-@contextlib.contextmanager
-def forced_gpu_sizes(sizes: Sizes | None):
-  """Every GPU matvec kernel compiled inside uses these sizes (None: the sizes it would get anyway)."""
-  global _gpu_override
-  before, _gpu_override = _gpu_override, sizes or _gpu_override
-  try: yield
-  finally: _gpu_override = before
+@dataclass(frozen=True)
+class MatvecOpts:
+  """The opts of matvec kernels (and of the reduces tinygrad leaves to few threads) in place of tinygrad's heuristic:
+  CPU matvecs get `row_upcast` rows a thread; GPU matvecs the `forced` sizes, else their kernel shape's in `tuned`,
+  else the built-in rule. Two are equal where they choose the same opts; `compiled_shapes` records the kernel shape of
+  every GPU matvec given sizes, in order (a sweep reads which it timed)."""
+  row_upcast: int = DEFAULT_ROW_UPCAST
+  tuned: tuple[tuple[str, Sizes], ...] = ()
+  forced: Sizes | None = None
+  compiled_shapes: list[str] = field(default_factory=list, compare=False, hash=False, repr=False)
 
-def use_tuned_sizes(table: dict[str, Sizes]) -> None:
-  """Sizes per kernel shape (`kernel_shape`) for GPU matvecs compiled from now on; shapes not in it get the built-in rule."""
-  _tuned.clear()
-  _tuned.update(table)
+  def __post_init__(self):
+    if self.row_upcast < 1 or self.row_upcast & (self.row_upcast - 1): raise ValueError(f"row upcast must be a power of two, not {self.row_upcast}")
 
-def untuned_matvec_shapes() -> list[str]:
-  """The kernel shapes of GPU matvecs compiled so far that no tuned table covered."""
-  return sorted(set(compiled_shapes) - _tuned.keys())
+  @staticmethod
+  def of(row_upcast: int, tuned: dict[str, Sizes], forced: Sizes | None = None) -> "MatvecOpts":
+    return MatvecOpts(row_upcast, tuple(sorted(tuned.items())), forced)
+
+  def optimize(self, k: Scheduler) -> Scheduler:
+    """The kernel with its opts applied: ours where the kernel is one we know, else tinygrad's heuristic's."""
+    try:
+      if not k.ren.has_local: tuned = self._cpu_matvec(k)
+      elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *self.gpu_sizes(k))
+      else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
+    except KernelOptError: tuned = None
+    return tuned if tuned is not None else tinygrad_heuristic(k)
+
+  def _cpu_matvec(self, k: Scheduler) -> Scheduler | None:
+    if not (opts := matvec_opts(k, self.row_upcast)): return None
+    tuned = k.copy()
+    for opt in opts: tuned.apply_opt(opt)
+    return tuned
+
+  def gpu_sizes(self, k: Scheduler) -> Sizes:
+    self.compiled_shapes.append(shape := kernel_shape(k))
+    if self.forced: return self.forced
+    if (sizes := dict(self.tuned).get(shape)) is not None: return sizes
+    return rule_gpu_sizes(k)
+
+  def untuned_shapes(self) -> list[str]:
+    """The kernel shapes of GPU matvecs compiled so far that the tuned sizes did not cover."""
+    return sorted(set(self.compiled_shapes) - dict(self.tuned).keys())
 
 def kernel_shape(k: Scheduler) -> str:
   """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x4x2x64x4' (rows,
   bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""
   return "x".join(str(s) for s in k.full_shape)
-
-def use_row_upcast(rows: int = DEFAULT_ROW_UPCAST) -> None:
-  """Upcast the output rows of CPU matvec kernels by `rows` (0: leave every kernel to tinygrad's heuristic)."""
-  global _row_upcast
-  if rows < 0 or rows & (rows - 1): raise ValueError(f"row upcast must be 0 or a power of two, not {rows}")
-  _row_upcast = rows
-  heuristic.hand_coded_optimizations = _optimize if rows else _tinygrad_heuristic
-  PARALLEL.value = 0 if rows else _tinygrad_parallel
 
 def _indices(k: Scheduler, loads: bool = False) -> list:
   """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
@@ -245,10 +258,8 @@ def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL) -> None:
   if (a := _reduce_axis(k, arg)) is not None and (n := gcd(min(REDUCE_UNROLL, limit), k.full_shape[a])) > 1:
     k.apply_opt(Opt(OptOps.UNROLL, k.unrollable_dims.index(a), n))
 
-def gpu_matvec_sizes(k: Scheduler) -> Sizes:
-  compiled_shapes.append(shape := kernel_shape(k))
-  if _gpu_override: return _gpu_override   # type: ignore[return-value]
-  if shape in _tuned: return _tuned[shape]
+def rule_gpu_sizes(k: Scheduler) -> Sizes:
+  """The built-in rule's sizes for a GPU matvec kernel."""
   blocks, words, inside = reduce_axes(k)
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
   if any(u.op is Ops.CUSTOMI and u.arg.startswith(dp4a.NAME) for u in k.ast.toposort()): return integer_gpu_sizes(steps)
@@ -284,12 +295,6 @@ def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: i
   while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
   return threads, max(1, 64 // threads), per_thread
 
-def _cpu_matvec(k: Scheduler) -> Scheduler | None:
-  if not (opts := matvec_opts(k, _row_upcast)): return None
-  tuned = k.copy()
-  for opt in opts: tuned.apply_opt(opt)
-  return tuned
-
 CHUNK_THREADS = 16
 
 def gpu_chunked_reduce(k: Scheduler) -> Scheduler | None:
@@ -302,7 +307,7 @@ def gpu_chunked_reduce(k: Scheduler) -> Scheduler | None:
   if not static: return None
   tuned = k.copy()
   tuned.apply_opt(Opt(OptOps.GROUP, reduces.index(max(static, key=lambda a: k.full_shape[a])), CHUNK_THREADS))
-  return _tinygrad_heuristic(tuned)
+  return tinygrad_heuristic(tuned)
 
 def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   """A kernel whose outermost reduce runs over short constant axes around sums of their own (the attention logits with
@@ -320,7 +325,7 @@ def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   tuned = k.copy()
   for r in short: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
   for r in sums: _group_divisor(tuned, r.arg, CHUNK_THREADS)
-  return _tinygrad_heuristic(tuned)
+  return tinygrad_heuristic(tuned)
 
 LOGIT_LANES, LOGIT_POSITIONS = 8, 16
 
@@ -365,11 +370,3 @@ def gpu_full_reduce(k: Scheduler) -> Scheduler | None:
   _group_divisor(tuned, arg, FULL_REDUCE_THREADS)
   _unroll_steps(tuned, arg)
   return tuned
-
-def _optimize(k: Scheduler) -> Scheduler:
-  try:
-    if not k.ren.has_local: tuned = _cpu_matvec(k)
-    elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *gpu_matvec_sizes(k))
-    else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
-  except KernelOptError: tuned = None
-  return tuned if tuned is not None else _tinygrad_heuristic(k)

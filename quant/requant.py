@@ -3,29 +3,25 @@
 Every 2-D `*.weight` tensor stored in a block type or F16/BF16 whose rows are whole blocks of the target is
 dequantized (gguf.quants) and quantized again (quant.quantize); one already in the target type is copied as it is
 (requantizing can only lose). Everything else (norms, biases, F32 tensors, rows that do not fit the target's blocks)
-is copied byte for byte. The metadata is copied byte for byte too, so every key keeps its value and its GGUF type
-(llama.cpp checks them), except `general.name`, which gains " (requantized to TYPE)", and `general.file_type`.
-
-The file is written the way quant.gguf_write writes (a temporary file beside the target, renamed over it once
-complete), but by hand: gguf_write infers metadata types from Python values, which would not keep them.
+is copied byte for byte. The metadata is copied with every key's value and GGUF type (llama.cpp checks them), except
+`general.name`, which gains " (requantized to TYPE)", and `general.file_type`. Written by quant.gguf_write, whole or not
+at all, one tensor at a time.
 """
 import os
-import struct
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, GGUFEndian, GGUFValueType as V, LlamaFileType as F, quants
-from tqdm import tqdm
-from models.catalog import cache_dir
+from quant.files import cache_dir
 from quant.gguf_file import GGUFFile, TensorInfo
+from quant.gguf_write import RawTensor, Typed, write_gguf
 from quant.quantize import SUPPORTED, ggml_type_of, quantize
 
 CHUNK_ELEMS = 1 << 22   # rows requantized at a time: about this many weights (a 262k-token embedding is never whole in fp32)
 FILE_TYPES = {T.F32: F.ALL_F32, T.F16: F.MOSTLY_F16, T.BF16: F.MOSTLY_BF16, T.Q4_0: F.MOSTLY_Q4_0, T.Q4_1: F.MOSTLY_Q4_1,
               T.Q5_0: F.MOSTLY_Q5_0, T.Q8_0: F.MOSTLY_Q8_0, T.Q4_K: F.MOSTLY_Q4_K_S, T.Q5_K: F.MOSTLY_Q5_K_S, T.Q6_K: F.MOSTLY_Q6_K,
               T.MXFP4: F.MOSTLY_MXFP4_MOE}
-_SCALARS = {V.UINT8: "B", V.INT8: "b", V.UINT16: "H", V.INT16: "h", V.UINT32: "I", V.INT32: "i", V.UINT64: "Q", V.INT64: "q",
-            V.FLOAT32: "f", V.FLOAT64: "d", V.BOOL: "?"}
+_INTEGERS = (V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64)
 
 def default_path(src: str | os.PathLike, ggml_type: "T | str") -> Path:
   return cache_dir() / "requant" / f"{Path(src).stem}.{ggml_type_of(ggml_type).name}.gguf"
@@ -54,64 +50,29 @@ def write_copy(src: str | os.PathLike, out: str | os.PathLike, t: T, select: Cal
   if out.exists() and src.exists() and out.resolve() == src.resolve(): raise ValueError(f"{out}: the copy would overwrite its source")
   g = GGUFFile(src)
   if g.reader.endianess != GGUFEndian.LITTLE: raise g.fail("big-endian GGUF files are not supported")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-  try:
-    with open(tmp, "wb") as f: _write(f, g, t, lambda info: requantizes(info, t) and select(info), metadata or {})
-    os.replace(tmp, out)
-  finally: tmp.unlink(missing_ok=True)
+  tensors = [_tensor(g, info, t if requantizes(info, t) and select(info) else None) for info in g.tensors.values()]
+  write_gguf(out, g.architecture, _metadata(g, t, metadata or {}), tensors, progress=f"requantizing {src.name} to {t.name}")
   return out
 
-def _string(s: str | bytes) -> bytes:
-  b = s.encode() if isinstance(s, str) else s
-  return struct.pack("<Q", len(b)) + b
-
-def _kv(key: str, vtype: V, value) -> bytes:
-  return _string(key) + struct.pack("<I", vtype) + (_string(value) if vtype == V.STRING else struct.pack("<" + _SCALARS[vtype], value))
-
-def _vtype(value: str | int | bool) -> V: return V.STRING if isinstance(value, str) else V.BOOL if isinstance(value, bool) else V.UINT32
-
-def _metadata(g: GGUFFile, t: T, extra: Metadata) -> list[bytes]:
-  """Every key-value pair as its bytes in the file, with general.name, general.file_type and the `extra` keys replaced
-  (or added)."""
-  data, fields = g.reader.data, g.reader.fields
+def _metadata(g: GGUFFile, t: T, extra: Metadata) -> dict[str, Any]:
+  """Every key with its value and type, general.name, general.file_type and the `extra` keys replaced (or added)."""
   new = {"general.name": f"{g.get('general.name') or Path(g.path).stem} (requantized to {t.name})", "general.file_type": int(FILE_TYPES[t]),
          **extra}
-  kvs = []
-  for key, field in fields.items():
-    if key.startswith("GGUF."): continue   # the reader's view of the header, not metadata
+  out: dict[str, Any] = {}
+  for key, field in g.reader.fields.items():
+    if key.startswith("GGUF.") or key == "general.architecture": continue   # the reader's view of the header; write_gguf's key
     if key == "general.file_type":   # keeps the integer type it had
-      keep = len(field.types) == 1 and field.types[0] in _SCALARS and field.types[0] not in (V.FLOAT32, V.FLOAT64, V.BOOL)
-      kvs.append(_kv(key, field.types[0] if keep else V.UINT32, new.pop(key)))
-    elif key in new: kvs.append(_kv(key, _vtype(new[key]), new.pop(key)))
-    else: kvs.append(bytes(data[field.offset:field.offset + sum(p.nbytes for p in field.parts)]))
-  kvs += [_kv(k, _vtype(v), v) for k, v in new.items()]
-  return kvs
+      out[key] = Typed(new.pop(key), field.types[0] if len(field.types) == 1 and field.types[0] in _INTEGERS else V.UINT32)
+    elif key in new: out[key] = new.pop(key)
+    else: out[key] = Typed(g.get(key), field.types[0], field.types[-1] if field.types[0] == V.ARRAY else None)
+  return out | new
 
-def _pad(f, align: int) -> None: f.write(bytes(-f.tell() % align))
-
-def _write(f, g: GGUFFile, t: T, select: Callable[[TensorInfo], bool], extra: Metadata) -> None:
-  infos, align = list(g.tensors.values()), int(g.reader.alignment)
-  targets = [t if select(i) else None for i in infos]
-  sizes = [i.nbytes if tt is None else int(np.prod(i.shape[:-1], dtype=np.int64)) * (i.shape[-1] // GGML_QUANT_SIZES[t][0]) * GGML_QUANT_SIZES[t][1]
-           for i, tt in zip(infos, targets)]
-  kvs = _metadata(g, t, extra)
-  f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)))
-  for kv in kvs: f.write(kv)
-  offset = 0
-  for info, tt, size in zip(infos, targets, sizes):
-    f.write(_string(info.name) + struct.pack(f"<I{len(info.shape)}QIQ", len(info.shape), *reversed(info.shape), tt or info.ggml_type, offset))
-    offset += size + (-size % align)
-  _pad(f, align)
-  for info, tt, size in tqdm(list(zip(infos, targets, sizes)), desc=f"requantizing {Path(g.path).name} to {t.name}", unit="tensor", leave=False):
-    raw = g.reader.data[info.offset:info.offset + info.nbytes]
-    start = f.tell()
-    if tt is None: f.write(raw)
-    else:
-      rows = raw.reshape(-1, info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64)))
-      step = max(1, CHUNK_ELEMS // info.shape[-1])
-      for r in range(0, len(rows), step):
-        values = quants.dequantize(rows[r:r + step], info.ggml_type).reshape(-1, info.shape[-1])
-        f.write(quantize(values, tt))
-    if f.tell() - start != size: raise RuntimeError(f"tensor {info.name!r}: wrote {f.tell() - start} bytes, expected {size}")
-    _pad(f, align)
+def _tensor(g: GGUFFile, info: TensorInfo, t: T | None) -> RawTensor:
+  """The tensor as it is (t None), or requantized to t a few rows at a time, when it is written."""
+  raw = lambda: g.reader.data[info.offset:info.offset + info.nbytes]
+  if t is None: return RawTensor(info.name, info.ggml_type, raw, info.shape)
+  def requantized() -> np.ndarray:
+    rows, step = raw().reshape(-1, info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))), max(1, CHUNK_ELEMS // info.shape[-1])
+    return np.concatenate([quantize(quants.dequantize(rows[r:r + step], info.ggml_type).reshape(-1, info.shape[-1]), t).reshape(-1)
+                           for r in range(0, len(rows), step)])
+  return RawTensor(info.name, t, requantized, info.shape)

@@ -1,6 +1,7 @@
 import os
 import numpy as np
 import pytest
+from ops import patches
 
 @pytest.fixture
 def seed() -> int:
@@ -11,3 +12,6 @@ def seed() -> int:
 
 @pytest.fixture
 def rng(seed: int) -> np.random.Generator: return np.random.default_rng(seed)
+
+# what the runtime and the CLI install before they compile anything; tests of single ops compile kernels too
+patches.install()

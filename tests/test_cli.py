@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from quant.random_blocks import random_blocks
-from tests.gguf_files import type_field_offset, write_gguf
+from tests.gguf_files import small_gguf, type_field_offset
 
 def tinyzoo(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600)
@@ -18,7 +18,7 @@ def tinyzoo(*args: str) -> subprocess.CompletedProcess:
 def small(tmp_path: Path, rng: np.random.Generator) -> Path:
   tensors = {"a.weight": (T.Q4_K, random_blocks(T.Q4_K, (4, 256), rng), (4, 256)), "b.weight": (T.F32, random_blocks(T.F32, (4, 8), rng), (4, 8)),
              "c.weight": (T.Q4_K, random_blocks(T.Q4_K, (2, 256), rng), (2, 256))}
-  return write_gguf(tmp_path / "small.gguf", tensors, {"llama.rope.freq_base": 500000.0})
+  return small_gguf(tmp_path / "small.gguf", tensors, {"llama.rope.freq_base": 500000.0})
 
 def test_info_small(small: Path):
   r = tinyzoo("info", str(small))
@@ -68,9 +68,21 @@ def test_matvec_reports_each_strategy(small: Path):
   rows = [l.split() for l in r.stdout.splitlines() if l.startswith("Q4_K")]
   assert [(row[1], row[3], row[4]) for row in rows] == [("a.weight", s, "1") for s in ("packed_dot", "fused", "dequant_cache")]
 
-def test_help_explains():
+def test_help_explains_every_command_and_hint():
+  """`--help` lists every command with its summary; each model command's help shows every kernel hint as a flag, with
+  what it does and its default."""
+  from profiles.hints import HINTS
+  from tinyzoo.cli import parser
+  commands = next(a for a in parser()._actions if a.dest == "command")
   r = tinyzoo("--help")
-  assert r.returncode == 0 and "info" in r.stdout and "matvec" in r.stdout
+  assert r.returncode == 0
+  for name, sub in commands.choices.items():
+    summary = next(c.help for c in commands._choices_actions if c.dest == name)
+    assert name in r.stdout and " ".join(summary.split()[:4]) in " ".join(r.stdout.split()), name
+  for command in ("run", "logits", "bench", "profile"):
+    text = " ".join(commands.choices[command].format_help().split())
+    for name, hint in HINTS.items():
+      assert f"--{name.replace('_', '-')}" in text and " ".join(hint.help.split()[:6]) in text, (command, name)
 
 def test_bad_sampling_parameters():
   for flag, value, needle in [("--temperature", "-1", "temperature must be >= 0"), ("--top-p", "0", "top_p must be in (0, 1]"),
@@ -81,8 +93,10 @@ def test_prompt_longer_than_context():
   assert_one_line_error(tinyzoo("run", "smollm2-135m", "-p", "word " * 40, "-n", "4", "--ctx", "16"), "exceeds the context of 16 tokens")
 
 def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
-  path = write_gguf(tmp_path / "bert.gguf", {"token_embd.weight": (T.F32, random_blocks(T.F32, (3, 8), rng), (3, 8))}, arch="bert")
-  assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"), "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama)")
+  path = small_gguf(tmp_path / "bert.gguf", {"token_embd.weight": (T.F32, random_blocks(T.F32, (3, 8), rng), (3, 8))},
+                    arch="bert")
+  assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"),
+                        "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama, qwen3)")
 
 def test_run_streams_text_and_ends_with_a_summary():
   r = tinyzoo("run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64")

@@ -28,10 +28,9 @@ def cmd_matvec(args) -> None:
   if args.copies is not None and args.copies < 1: raise ValueError("--copies must be positive")
   import time
   from experiments import journal
-  from profiles.device import device_name, profile_path, save_matvec_sizes, use_device_profile
-  from quant.matvec_opts import Sizes, parse_gpu_sizes, use_row_upcast
-  use_row_upcast(args.row_upcast)
-  use_device_profile()
+  from profiles.device import device_name, device_profile, profile_path, save_matvec_sizes, tuned_sizes
+  from quant.matvec_opts import Sizes, parse_gpu_sizes
+  tuned = tuned_sizes(device_profile()[0])
   sweep = SIZE_GRID if args.gpu_sizes == "grid" else [parse_gpu_sizes(s) for s in args.gpu_sizes.split()] if args.gpu_sizes else [None]
   if args.save_best and sweep == [None]: raise ValueError("--save-best needs --gpu-sizes to search")
   best: dict[str, tuple[Sizes, float]] = {}
@@ -41,8 +40,8 @@ def cmd_matvec(args) -> None:
       # the span (a fourth size) splits packed_words blocks only: other strategies time each (T, B, R) once
       sizes_tried = sweep if strategy == "packed_words" else list(dict.fromkeys(s[:3] if s else s for s in sweep))
       for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried,
-                                                   args.pdl or args.pdl_prefetch, args.pdl_prefetch), sizes_tried):
-        if not args.no_journal: journal.append(record)
+                                                   args.pdl or args.pdl_prefetch, args.pdl_prefetch, args.row_upcast, tuned), sizes_tried):
+        if not args.no_journal: journal.append(record, args.journal)
         m, shape = record["metrics"], record["kernel_shape"]
         if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
         label = f"{strategy} sizes {record['switches']['gpu_matvec']}" if sizes else strategy
@@ -71,39 +70,43 @@ def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
   logits(args)
 
+def runtime_hints(args) -> dict:
+  """The hints the command's flags set (profiles/hints.py)."""
+  from profiles.hints import HINTS
+  return {n: v for n in HINTS if (v := getattr(args, n, None)) is not None}
+
 def model_hints(args, path):
   """The kernel hints for the model at `path`: the flags given (and TINYZOO_HINTS) over this device's profile (unless
   --no-profile) over the model's manifest over the defaults."""
   from profiles.device import resolve_hints
-  from profiles.hints import HINTS
-  return resolve_hints(path, {n: v for n in HINTS if (v := getattr(args, n, None)) is not None}, profile=not args.no_profile)[0]
+  return resolve_hints(path, runtime_hints(args), profile=not args.no_profile)
 
 def bench_config(args, path):
   from experiments.bench import BenchConfig
   for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1))):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  return BenchConfig.from_hints(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup,
-                                ctx=args.ctx, rounding=args.rounding, skip=tuple(args.skip), requant=args.requant, profile=not args.no_profile,
-                                bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
-                                llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
+  return BenchConfig(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup,
+                     ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
+                     llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
 
 def cmd_hints(args) -> None:
   import json
   from profiles.device import resolve_hints
   from profiles.hints import ENV, HINTS
-  hints, where = resolve_hints(path := resolve_model(args.model), {}, profile=True)
+  hints = resolve_hints(path := resolve_model(args.model), {}, profile=True)
   if args.json: return print(json.dumps({"hints": hints.as_dict()}))
-  print(f"kernel hints for {path.name}: runtime ({ENV}) > profile ({where or 'none for this device'}) > manifest "
+  print(f"kernel hints for {path.name}: runtime ({ENV}) > profile ({hints.profile or 'none for this device'}) > manifest "
         f"(the file's tinyzoo.hints.*) > default")
   for name, hint in HINTS.items():
-    print(f"  {name:<15} {str(hints[name]):<22} {hints.sources[name]:<9} {hint.help}")
+    value = hints.as_dict()[name]["value"]
+    print(f"  {name:<15} {','.join(value) if isinstance(value, list) else str(value):<22} {hints.sources[name]:<9} {hint.help}")
 
 def cmd_bench(args) -> None:
   from experiments import journal
   from experiments.bench import bench, dump, table
   record = bench(path := resolve_model(args.model), model_label(args.model), bench_config(args, path))
-  if not args.no_journal: journal.append(record)
+  if not args.no_journal: journal.append(record, args.journal)
   print(dump(record) if args.json else table([record]))
 
 def cmd_profile(args) -> None:
@@ -119,30 +122,33 @@ def cmd_exp(args) -> None:
   if args.exp_command == "list":
     for exp in named.load_all().values():
       print(f"{exp.name:<20} {exp.model:<16} {1 + len(exp.variants)} runs  {textwrap.shorten(exp.description, 90)}")
-  elif args.exp_command == "show": print(named.describe(named.find(args.name), journal.read() if journal.JOURNAL.exists() else []))
+  elif args.exp_command == "show": print(named.describe(named.find(args.name), journal.read(args.journal)))
   else:
     from experiments.bench import BenchConfig
+    from profiles.device import resolve_hints
     exp = named.find(args.name)
     sizes = {k: v for k, v in (("tokens", args.tokens), ("warmup", args.warmup)) if v is not None}
     if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
-    from profiles.device import resolve_hints
     named.chosen_variants(exp, args.variant)
-    hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)[0]
-    base = BenchConfig.from_hints(hints, profile=not args.no_profile, peer=not args.no_peer, llama_bench=args.llama_bench)
-    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args.no_journal))
+    hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)
+    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench)
+    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args))
     print(named.results_table(records))
 
 def cmd_plot(args) -> None:
   from experiments import journal
   from experiments.plot import plot
-  out = plot(journal.read(args.journal or journal.JOURNAL), args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
+  path = args.journal or journal.user_journal()
+  if not (records := journal.read(path)):
+    raise ValueError(f"{path}: no journal records (the project's are in {journal.PROJECT_JOURNAL})")
+  out = plot(records, args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
 
-def trial_noter(no_journal: bool):
-  """What `exp run` and `tune` do with each trial's record as it comes: journal it (unless `no_journal`) and say it."""
+def trial_noter(args):
+  """What `exp run` and `tune` do with each trial's record as it comes: journal it (unless --no-journal) and say it."""
   from experiments import journal
   def note(record: dict) -> None:
-    if not no_journal: journal.append(record)
+    if not args.no_journal: journal.append(record, args.journal)
     m = record["metrics"]
     print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
   return note
@@ -155,8 +161,8 @@ def cmd_tune(args) -> None:
   from profiles.device import device_name, profile_path, resolve_hints, save_hints
   if args.budget <= 0 or args.tokens < 1: raise ValueError("--budget and --tokens must be positive")
   path = resolve_model(args.model)
-  start = BenchConfig.from_hints(resolve_hints(path, {})[0], tokens=args.tokens, peer=False)
-  records = tune(path, model_label(args.model), start, args.budget, trial_noter(args.no_journal))
+  start = BenchConfig(resolve_hints(path, {}), tokens=args.tokens, peer=False)
+  records = tune(path, model_label(args.model), start, args.budget, trial_noter(args))
   print(results_table(records))
   if args.no_save: return
   best, device = records[0], device_name()
@@ -166,84 +172,43 @@ def cmd_tune(args) -> None:
   print(f"saved the fastest hints ({best['metrics']['tok_s']:.2f} tok/s) to {out}")
 
 def cmd_convert(args) -> None:
-  from profiles.hints import parse
+  from profiles.hints import manifest_entries, parse
   from quant.convert import convert
-  hints = parse(args.hints or "", "--hints")
-  out = convert(resolve_model(args.input), args.output, args.quant, args.only, args.embeddings, hints, command=args.command_line)
+  manifest = manifest_entries(parse(args.hints or "", "--hints"))
+  out = convert(resolve_model(args.input), args.output, args.quant, args.only, args.embeddings, manifest, command=args.command_line)
   print(out)
 
 def cmd_synth(args) -> None:
   from models.synth import synthesize
   print(synthesize(args.preset, args.output, args.quant, args.seed, args.layers))
 
-def add_model_options(s: argparse.ArgumentParser, rounding: str = "exact") -> None:
-  from quant.activations import ROUNDINGS
-  from quant.linear import STRATEGIES
-  from ops.norm import NORMS
-  from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
-  from ops.topk import TOPK_ALGORITHMS
+def add_model_options(s: argparse.ArgumentParser, **defaults) -> None:
+  """Every kernel hint as a flag (profiles/hints.py), unset unless given so that TINYZOO_HINTS, the device profile or the
+  model's manifest can set it; `defaults` are this command's own. And the options of building a model that are no hints."""
+  from profiles.hints import HINTS
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
-  s.add_argument("--strategy", metavar="SPEC",
-                 help=f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed by per-type and FFN overrides, "
-                      "e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (a kernel hint: default packed_dot, or what this device's profile "
-                      "or the model's manifest says; `tinyzoo hints` shows it)")
-  s.add_argument("--rounding", choices=ROUNDINGS, default=rounding,
-                 help=f"exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path does: 8-bit activations "
-                      f"into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels, slower; matches llama.cpp's near-ties, "
-                      f"see README). Default {rounding}")
-  on_off = argparse.BooleanOptionalAction
-  s.add_argument("--fuse", action=on_off, help="q/k/v and gate/up as one matmul per GGML type (default on; --no-fuse keeps them apart)")
-  s.add_argument("--norm", choices=NORMS, help="how matmuls read an RMS norm (a kernel hint, like every switch below but --rounding, "
-                 "--no-profile and --ctx): fused (computed inside them; the built-in default), break (realized "
-                 "first: one small kernel more per norm, and the matvec reads one plain vector: faster on a GPU), single (realized by "
-                 "one kernel, which sums x's squares again for every group of outputs: a break at no kernel more) or fold (its squares "
-                 "summed inside the matvecs over packed_words weights, with exact rounding: one small kernel fewer per norm)")
-  s.add_argument("--act-break", action=on_off, help="realize the FFN activation before the down matmul (default on); --no-act-break "
-                 "computes it inside: one kernel fewer per FFN, but the matvec recomputes it for each group of rows (slower on CPUs and GPUs)")
-  s.add_argument("--act-in-matmul", action=on_off, help="compute the realized FFN activation in the kernel of gate and up's joined matmul, "
-                 "as a product over each gate and up row pair: one kernel fewer per dense FFN (with --act-break and --fuse; default off)")
-  s.add_argument("--softmax", choices=SOFTMAXES, help="attention's softmax stabilizer in a decode step: max (the logits' max, a kernel of "
-                 "its own; the default) or self (each query's logit of its own key plus a margin of 60, summed in the logits kernel: one "
-                 "kernel fewer a block, the same softmax unless a logit exceeds the query's own by about 130; models with attention "
-                 "sinks or a soft cap keep max)")
-  s.add_argument("--attention", choices=ATTENTION_VARIANTS, help="which KV cache positions attention reads: chunked (the chunks of 64 "
-                 "that hold valid ones; the default) or whole (every chunk allocated, masked: the same static shapes at every position, "
-                 "but each step reads the whole cache)")
-  s.add_argument("--kv-layout", choices=KV_LAYOUTS, help="the KV cache: heads (per kv head, written by a kernel of its own; the default) "
-                 "or rows (each position's q, k and v projections side by side, stored by their joined matmul's kernel: one kernel fewer "
-                 "a block, k rotated where attention reads it; applies where q, k and v are one matmul into a float32 cache without q/k "
-                 "norms: not with --rounding ggml, --no-fuse or Gemma 3)")
-  s.add_argument("--topk", choices=TOPK_ALGORITHMS,
-                 help="how MoE routing picks its experts: pairwise (rank comparisons: 2 kernels in a model) or sort "
-                      "(tinygrad's Tensor.topk). Default pairwise")
-  s.add_argument("--pdl", action=on_off, help="programmatic dependent launch in CUDA graphs, on sm_90 and later (Hopper): each kernel lets "
-                 "the next one launch once its own workgroups have started and waits on entry for the kernels before it, so that a "
-                 "kernel's launch and start overlap the tail of the one before; the same results (default off: on the H100 it made "
-                 "llama3.2-1b 3%% slower, experiments/gpu_notes.md)")
-  s.add_argument("--pdl-prefetch", action=on_off, help="with --pdl: each workgroup first asks the L2 for its share of every buffer its "
-                 "kernel reads at places the launch fixes (a matvec's weight; not gathers, not kernels with variables), then waits, so "
-                 "that the weight streams in during the kernel before (default off)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
-  add_row_upcast_option(s, hint=True)
+  hints = s.add_argument_group("kernel hints", "Each from the first source that sets it: these flags, TINYZOO_HINTS='name=value;...', "
+                               "this device's profile, the model file's manifest, the built-in default. `tinyzoo hints MODEL` shows what applies.")
+  for name, hint in HINTS.items():
+    flag, default = "--" + name.replace("_", "-"), defaults.get(name, hint.default_value())
+    text = f"{hint.help} (default {','.join(default) or 'none' if isinstance(default, tuple) else default})".replace("%", "%%")
+    if isinstance(default, bool): hints.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+    elif isinstance(default, tuple): hints.add_argument(flag, dest=name, action="append", choices=hint.choices, help=text)
+    else: hints.add_argument(flag, dest=name, choices=hint.choices or None, metavar=hint.metavar, default=defaults.get(name), help=text)
+
+def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") -> None:
+  s.add_argument("--journal", metavar="PATH", help=f"append {what} to this journal (default: $TINYZOO_JOURNAL, else "
+                 "~/.local/share/tinyzoo/journal.jsonl; the project's is results/journal.jsonl)")
+  s.add_argument("--no-journal", action="store_true", help=f"do not journal {what}")
 
 def add_bench_options(s: argparse.ArgumentParser) -> None:
-  """Sizes of a decode benchmark and the switches only experiments need."""
-  from models.weights import SKIPPABLE
-  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
+  """Sizes of a decode benchmark, and the requantized copy an experiment may measure."""
+  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length, the context before the timed decode (default 32)")
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
-  s.add_argument("--skip", action="append", default=[], choices=SKIPPABLE,
-                 help="leave this component out of every block, to measure the rest alone (repeatable)")
-  s.add_argument("--beam", type=int, help="tinygrad BEAM search width for the decode kernels (default 0: heuristics; slow to compile)")
-  s.add_argument("--jit-batch-size", type=int, help="kernels per graph batch where the backend has graphs (default 32)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
 
-def add_row_upcast_option(s: argparse.ArgumentParser, hint: bool = False) -> None:
-  """As a kernel hint (`hint`) the flag is left unset unless given, so that a profile or manifest can set it."""
-  from quant.matvec_opts import DEFAULT_ROW_UPCAST
-  s.add_argument("--row-upcast", type=int, default=None if hint else DEFAULT_ROW_UPCAST, metavar="N",
-                 help=f"CPU matvec kernels compute N output rows at once with the reduce unrolled by 4 (default {DEFAULT_ROW_UPCAST}); "
-                      "0 leaves them to tinygrad's heuristic")
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="tinyzoo", description="tinygrad model zoo and optimization lab for quantized GGUF models")
@@ -268,12 +233,13 @@ def parser() -> argparse.ArgumentParser:
                  "block by default) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
                  "(profiles/<device>.yaml), which bench, run and matvec then use")
-  s.add_argument("--no-journal", action="store_true", help="do not append --shape records to experiments/journal.jsonl")
+  add_journal_options(s, "the --shape records")
   s.add_argument("--pdl", action="store_true", help="with --shape on an sm_90 or later CUDA GPU: the matvecs chained by programmatic "
                  "dependent launch, each one's launch and start overlapping the one before (see `tinyzoo bench --help`)")
   s.add_argument("--pdl-prefetch", action="store_true", help="--pdl, and each matvec's workgroups ask the L2 for their share of its "
                  "weight before waiting for the one before")
-  add_row_upcast_option(s)
+  from profiles.hints import HINTS
+  s.add_argument("--row-upcast", type=int, default=HINTS["row_upcast"].default, metavar="N", help=HINTS["row_upcast"].help)
   s.set_defaults(fn=cmd_matvec)
 
   s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",
@@ -310,14 +276,14 @@ def parser() -> argparse.ArgumentParser:
                                  "steps after --warmup: kernels per token (every kernel the JIT replays), ms/token (median, min, max), tok/s, "
                                  "bytes of weights read per token and the floor that implies at the copy bandwidth, compile and capture "
                                  "time, prefill tok/s. llama.cpp is measured on the same file in the same run when llama-cpp-python is "
-                                 "installed (make reference). Each run is appended to experiments/journal.jsonl.")
+                                 "installed (make reference). Each run is appended to the journal (--journal).")
   s.add_argument("model", nargs="?", help=MODEL_HELP)
   s.add_argument("--tokens", type=int, default=64, help="timed decode steps (default 64)")
   s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
   s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
   s.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
   s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (a9069c177a works)")
-  s.add_argument("--no-journal", action="store_true", help="do not append the record to experiments/journal.jsonl")
+  add_journal_options(s)
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
   add_model_options(s)
   add_bench_options(s)
@@ -346,6 +312,8 @@ def parser() -> argparse.ArgumentParser:
   exp.add_parser("list", help="the experiments, one line each")
   e = exp.add_parser("show", help="an experiment's variants and its latest recorded results")
   e.add_argument("name")
+  e.add_argument("--journal", metavar="PATH", help="the journal to find its results in (default: yours; the project's is "
+                 "results/journal.jsonl)")
   e = exp.add_parser("run", help="bench the baseline and every variant in one run, appending one journal record each")
   e.add_argument("name")
   e.add_argument("--model", help="run on this model instead of the experiment's")
@@ -356,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
   e.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
                  "variants' switches apply over either), and the built-in GPU matvec sizes")
   e.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
-  e.add_argument("--no-journal", action="store_true", help="do not append the records to experiments/journal.jsonl")
+  add_journal_options(e, "the records")
   s.set_defaults(fn=cmd_exp)
 
   from experiments.plot import KINDS
@@ -364,7 +332,8 @@ def parser() -> argparse.ArgumentParser:
                      description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
                                  "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
                                  "and kernels/token over commits. Experiments show their latest run.")
-  s.add_argument("journal", nargs="?", default=None, help="a journal file (default experiments/journal.jsonl)")
+  s.add_argument("journal", nargs="?", default=None, help="a journal file (default: yours, $TINYZOO_JOURNAL or "
+                 "~/.local/share/tinyzoo/journal.jsonl; the project's records are results/journal.jsonl)")
   s.add_argument("--kind", choices=KINDS, default="kernels", help="which chart (default kernels)")
   s.add_argument("--experiment", help="only this experiment")
   s.add_argument("--model", help="only this model")
@@ -390,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
   s.add_argument("--budget", type=float, default=600, metavar="SECONDS", help="stop starting trials after this long (default 600)")
   s.add_argument("--tokens", type=int, default=32, help="timed decode steps per trial (default 32)")
-  s.add_argument("--no-journal", action="store_true", help="do not append the trials to experiments/journal.jsonl")
+  add_journal_options(s, "the trials")
   s.add_argument("--no-save", action="store_true", help="print the ranking only; leave the device profile as it is")
   s.set_defaults(fn=cmd_tune)
 

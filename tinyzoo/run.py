@@ -1,29 +1,14 @@
 """`tinyzoo run` (stream a generation) and `tinyzoo logits` (top logits and greedy tokens as JSON)."""
-import contextlib
 import json
 import sys
-from typing import Iterator
 from models.catalog import resolve_model
 from models.runtime import Runtime, Timing
-from ops.cuda_graph import programmatic_launch
-from tinygrad.helpers import Context
 from ops.sampling import Sampler, SamplerParams
 
-def load(args) -> tuple[Runtime, contextlib.AbstractContextManager]:
-  """The model built from its resolved kernel hints, and the tinygrad settings (BEAM, JIT batch size, programmatic launch)
-  to run it under."""
+def load(args) -> Runtime:
+  """The model built from its resolved kernel hints."""
   from tinyzoo.cli import model_hints
-  h = model_hints(args, path := resolve_model(args.model))
-  rt = Runtime(path, max_context=args.ctx, strategy=h["strategy"], rounding=args.rounding, fuse=h["fuse"], progress=sys.stderr.isatty(),
-               row_upcast=h["row_upcast"], topk=h["topk"], norm=h["norm"], act_break=h["act_break"], attention=h["attention"],
-               kv_layout=h["kv_layout"], act_in_matmul=h["act_in_matmul"], softmax=h["softmax"], profile=not args.no_profile)
-  return rt, _settings(h)
-
-@contextlib.contextmanager
-def _settings(h) -> Iterator[None]:
-  # hints at their defaults leave tinygrad's own BEAM and JIT_BATCH_SIZE environment in force
-  tinygrad = Context(**{n.upper(): h[n] for n in ("beam", "jit_batch_size") if h.sources[n] != "default"})
-  with tinygrad, programmatic_launch(h["pdl"], h["pdl_prefetch"]): yield
+  return Runtime(path := resolve_model(args.model), model_hints(args, path), args.ctx, progress=sys.stderr.isatty())
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)
@@ -31,41 +16,39 @@ def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
 def cmd_run(args) -> None:
   params = SamplerParams(args.temperature, args.top_k, args.top_p, args.repeat_penalty)
   if args.n < 1: raise ValueError(f"-n must be at least 1, got {args.n}")
-  rt, settings = load(args)
-  with settings:
-    ids = prompt_ids(rt, args.prompt, args.chat)
-    rt.check_fits(len(ids), args.n)
-    timing, stream = Timing(), rt.tokenizer.stream()
-    sys.stdout.write(args.prompt if not args.chat else "")
-    for token in rt.generate(ids, args.n, Sampler(params, args.seed), timing):
-      sys.stdout.write(stream.add(token))
-      sys.stdout.flush()
-    sys.stdout.write(stream.flush() + "\n")
+  rt = load(args)
+  ids = prompt_ids(rt, args.prompt, args.chat)
+  rt.check_fits(len(ids), args.n)
+  timing, stream = Timing(), rt.tokenizer.stream()
+  sys.stdout.write(args.prompt if not args.chat else "")
+  for token in rt.generate(ids, args.n, Sampler(params, args.seed), timing):
+    sys.stdout.write(stream.add(token))
     sys.stdout.flush()
-    prompt_rate = timing.prompt_tokens / timing.prompt_s if timing.prompt_s else 0.0
-    decode_rate = f"{timing.decoded / timing.decode_s:.1f} tok/s" if timing.decoded else "n/a"
-    print(f"prompt {timing.prompt_tokens} tokens at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | "
-          f"{timing.kernels_per_token} kernels/token", file=sys.stderr)
+  sys.stdout.write(stream.flush() + "\n")
+  sys.stdout.flush()
+  prompt_rate = timing.prompt_tokens / timing.prompt_s if timing.prompt_s else 0.0
+  decode_rate = f"{timing.decoded / timing.decode_s:.1f} tok/s" if timing.decoded else "n/a"
+  print(f"prompt {timing.prompt_tokens} tokens at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | "
+        f"{timing.kernels_per_token} kernels/token", file=sys.stderr)
 
 def cmd_logits(args) -> None:
   if not args.cases: raise ValueError("give at least one -p PROMPT or --tokens IDS")
-  rt, settings = load(args)
-  with settings:
-    greedy = Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
-    cases = []
-    for kind, value in args.cases:
-      ids = rt.tokenizer.encode(value) if kind == "prompt" else parse_ids(value, rt.cfg.vocab_size)
-      rt.check_fits(len(ids), args.greedy)
-      logits = rt.prefill(ids)
-      values = logits.numpy()[0]
-      top = sorted(range(len(values)), key=lambda i: -values[i])[:args.top]
-      tokens = list(rt.continue_from(logits, len(ids), args.greedy, greedy)) if args.greedy else []
-      cases.append({"prompt": value if kind == "prompt" else None, "tokens": ids, "top": [[i, float(values[i])] for i in top], "greedy": tokens})
-    if args.json: print(json.dumps({"cases": cases}))
-    else:
-      for c in cases:
-        top = ", ".join(f"{i} {v:.3f}" for i, v in c["top"][:10])
-        print(f"{c['prompt']!r} -> {len(c['tokens'])} tokens; top: {top}; greedy: {c['greedy']}")
+  rt = load(args)
+  greedy = Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
+  cases = []
+  for kind, value in args.cases:
+    ids = rt.tokenizer.encode(value) if kind == "prompt" else parse_ids(value, rt.cfg.vocab_size)
+    rt.check_fits(len(ids), args.greedy)
+    logits = rt.prefill(ids)
+    values = logits.numpy()[0]
+    top = sorted(range(len(values)), key=lambda i: -values[i])[:args.top]
+    tokens = list(rt.continue_from(logits, len(ids), args.greedy, greedy)) if args.greedy else []
+    cases.append({"prompt": value if kind == "prompt" else None, "tokens": ids, "top": [[i, float(values[i])] for i in top], "greedy": tokens})
+  if args.json: print(json.dumps({"cases": cases}))
+  else:
+    for c in cases:
+      top = ", ".join(f"{i} {v:.3f}" for i, v in c["top"][:10])
+      print(f"{c['prompt']!r} -> {len(c['tokens'])} tokens; top: {top}; greedy: {c['greedy']}")
 
 def parse_ids(text: str, vocab_size: int) -> list[int]:
   try: ids = [int(t) for t in text.replace(" ", "").split(",") if t]

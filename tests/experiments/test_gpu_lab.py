@@ -43,13 +43,13 @@ def test_journal_takes_the_commit_a_copied_tree_is_told(monkeypatch):
 def test_device_check_compares_against_a_saved_cpu_reference(tmp_path: Path, capsys):
   ref = tmp_path / "ref.json"
   device_check.save(["llama3.2-1b-tiny"], str(ref), prompts=1, prompt_len=5, greedy=4)
-  assert device_check.against(str(ref), "CPU")
+  assert device_check.against(str(ref), "CPU") == (True, 0)   # and no programmatic edge: no graphs on the CPU
   data = json.loads(ref.read_text())
   logits = np.array(data["cases"][0]["logits"])
   logits[int(logits.argmax())] += 1.0   # a reference the device cannot match
   data["cases"][0]["logits"] = logits.tolist()
   ref.write_text(json.dumps(data))
-  assert not device_check.against(str(ref), "CPU")
+  assert device_check.against(str(ref), "CPU")[0] is False
   assert "MISMATCH" in capsys.readouterr().out
 
 def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():

@@ -25,3 +25,30 @@ def test_bad_line_is_named(tmp_path: Path):
   path = tmp_path / "j.jsonl"
   path.write_text(json.dumps({"a": 1}) + "\n{broken\n")
   with pytest.raises(ValueError, match=r":2: not a journal record"): journal.read(path)
+
+def test_a_users_runs_go_to_their_own_journal(tmp_path: Path, monkeypatch):
+  """$TINYZOO_JOURNAL, else the user data directory; the project's journal (results/journal.jsonl, in the checkout) only
+  when a command is given it."""
+  monkeypatch.delenv("TINYZOO_JOURNAL", raising=False)
+  assert journal.user_journal({"XDG_DATA_HOME": str(tmp_path)}) == tmp_path / "tinyzoo" / "journal.jsonl"
+  assert journal.user_journal({"TINYZOO_JOURNAL": "~/j.jsonl", "XDG_DATA_HOME": "/x"}) == Path("~/j.jsonl").expanduser()
+  assert journal.user_journal({}) == Path.home() / ".local" / "share" / "tinyzoo" / "journal.jsonl"
+  assert journal.PROJECT_JOURNAL == Path(__file__).resolve().parents[2] / "results" / "journal.jsonl"
+  monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+  assert journal.read() == [] and journal.append({"a": 1}) == tmp_path / "data" / "tinyzoo" / "journal.jsonl"
+  assert journal.read() == [{"a": 1}]
+
+def test_bench_and_plot_use_the_users_journal(tmp_path: Path, monkeypatch, capsys):
+  from tinyzoo.cli import main
+  monkeypatch.setenv("TINYZOO_JOURNAL", str(mine := tmp_path / "mine.jsonl"))
+  project = journal.PROJECT_JOURNAL.read_bytes()
+  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--no-peer", "--bandwidth", "1"]) == 0
+  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--no-peer", "--bandwidth", "1",
+               "--journal", str(other := tmp_path / "other.jsonl")]) == 0
+  assert [r["model"] for r in journal.read(mine)] == [r["model"] for r in journal.read(other)] == ["smollm2-135m-tiny"]
+  assert journal.PROJECT_JOURNAL.read_bytes() == project
+  assert main(["plot", "--kind", "history", "-o", str(tmp_path / "h.png")]) == 0 and (tmp_path / "h.png").exists()
+  monkeypatch.setenv("TINYZOO_JOURNAL", str(tmp_path / "none.jsonl"))
+  capsys.readouterr()
+  assert main(["plot", "-o", str(tmp_path / "k.png")]) == 1
+  assert f"none.jsonl: no journal records (the project's are in {journal.PROJECT_JOURNAL})" in capsys.readouterr().err

@@ -1,7 +1,6 @@
 """The lab end to end on a synthetic two-block model: a profile accounts for every kernel the bench counts, by block and
 module; an experiment run records baseline and variants, one journal record each; isolation and the FFN split move
 the kernel count the way their definitions say."""
-import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from tinygrad.codegen import to_program_cache
 from tinygrad.codegen.opt import OptOps
 from experiments import journal, named
 from experiments.bench import BenchConfig, bench
-from experiments.kernels import CATEGORIES
+from ops.kernels import CATEGORIES
 from experiments.profile import block_summary, profile_model, report
 from models.synth import synthesize
 
@@ -68,9 +67,9 @@ def test_codegen_switches_apply_to_each_run(tiny: Path):
   def row_upcast_kernels() -> int:
     return sum(any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts) and any(o.op is OptOps.UNROLL and o.arg == 4 for o in opts)
                for prg in to_program_cache.values() if (opts := prg.src[0].arg.applied_opts))
-  bench(tiny, "tiny", dataclasses.replace(SMALL, row_upcast=8))
+  bench(tiny, "tiny", SMALL.with_switches(row_upcast=8))
   assert row_upcast_kernels() > 0
-  bench(tiny, "tiny", dataclasses.replace(SMALL, row_upcast=0))
+  bench(tiny, "tiny", SMALL.with_switches(row_upcast=0))
   assert row_upcast_kernels() == 0
 
 def test_cli_profile_and_exp_errors(tiny: Path):

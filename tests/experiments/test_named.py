@@ -5,7 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from experiments import named
 from experiments.bench import BenchConfig
-from models.weights import SKIPPABLE
+from profiles.hints import SKIPPABLE, resolve
 from quant.linear import StrategyPlan
 
 def test_committed_experiments_load_and_configure():
@@ -15,8 +15,8 @@ def test_committed_experiments_load_and_configure():
     assert exp.description and exp.reproduces.startswith("seed 003")
     for v in exp.all_variants:
       cfg = named.config(exp, v, BenchConfig())
-      StrategyPlan.parse(cfg.strategy)
-      assert set(cfg.skip) <= set(SKIPPABLE)
+      StrategyPlan.parse(cfg.hints.strategy)
+      assert set(cfg.hints.skip) <= set(SKIPPABLE)
       assert cfg.requant is None or cfg.requant in GGMLQuantizationType.__members__
       assert cfg.tokens == exp.bench.get("tokens", BenchConfig.tokens)
 
@@ -38,7 +38,8 @@ variants:
   ("a: [", "not valid YAML"),
   ("- 1", "expected a mapping at the top"),
   (GOOD.replace("model: m\n", ""), "missing 'model'"),
-  (GOOD.replace("row_upcast: 0", "row_upcast: eight"), "row_upcast must be int, got 'eight'"),
+  (GOOD.replace("row_upcast: 0", "row_upcast: eight"), "hint row_upcast: 'eight' is not a whole number >= 0"),
+  (GOOD.replace("row_upcast: 0", "rounding: fp8"), "hint rounding: 'fp8' is not one of ggml, exact"),
   (GOOD.replace("skip:", "skipp:"), "unknown key 'skipp'"),
   (GOOD.replace("tokens: 8", "tokens: true"), "tokens must be int, got True"),
   (GOOD.replace("split ffn", "base"), "variant names must be unique"),
@@ -55,11 +56,11 @@ def test_unknown_experiment_lists_known(tmp_path: Path):
 def test_config_precedence(tmp_path: Path):
   exp = named.find("x", write(tmp_path, GOOD))
   variant = exp.variants[0]
-  cfg = named.config(exp, variant, BenchConfig(warmup=7, peer=False))
+  cfg = named.config(exp, variant, BenchConfig(resolve({"norm": "break"}), warmup=7, peer=False))
   assert (cfg.tokens, cfg.warmup, cfg.peer) == (8, 7, False)
-  assert (cfg.strategy, cfg.skip, cfg.row_upcast) == ("packed_dot,ffn=split", ("attention",), 0)
+  assert (cfg.hints.strategy, cfg.hints.skip, cfg.hints.row_upcast, cfg.hints.norm) == ("packed_dot,ffn=split", ("attention",), 0, "break")
   assert named.config(exp, variant, BenchConfig(), {"tokens": 3}).tokens == 3
-  assert named.config(exp, exp.baseline, BenchConfig()).skip == ()
+  assert named.config(exp, exp.baseline, BenchConfig()).hints.skip == ()
 
 @pytest.mark.parametrize("spec, plan", [
   ("fused", StrategyPlan("fused")),

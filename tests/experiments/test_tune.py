@@ -15,7 +15,7 @@ def test_one_hint_at_a_time_from_the_start(monkeypatch):
   monkeypatch.setattr(tuning, "SEARCH", {"norm": ("fused", "break", "fold")})
   monkeypatch.setattr(tuning, "CPU_SEARCH", {})
   seen: list[dict] = []
-  start = BenchConfig.from_hints(resolve(), **SMALL)
+  start = BenchConfig(resolve(), **SMALL)
   records = tuning.tune(resolve_model("smollm2-135m-tiny"), "smollm2-135m-tiny", start, 600, seen.append)
   assert len(records) == len(seen) == 3 and seen[0]["baseline"] and not any(r["baseline"] for r in seen[1:])
   assert [r["hints"]["norm"]["value"] for r in seen] == ["fused", "break", "fold"]

@@ -16,11 +16,11 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, interleaved: bool) -> np.
   return np.stack([ra, rb], -1).reshape(x.shape) if interleaved else np.concatenate([ra, rb], -1)
 
 def forward(g: GGUFFile, ids: list[int]) -> np.ndarray:
-  """Logits at the last position of `ids`, for llama and gemma3 GGUFs."""
+  """Logits at the last position of `ids`, for llama, gemma3 and qwen3 GGUFs."""
   arch = g.architecture
   m = lambda key, default=None: g.get(f"{arch}.{key}", default)
   dim, heads, kv_heads, eps = m("embedding_length"), m("attention.head_count"), m("attention.head_count_kv"), m("attention.layer_norm_rms_epsilon")
-  hd, gemma = m("attention.key_length", dim // heads), arch == "gemma3"
+  hd, gemma, qk_norm = m("attention.key_length", dim // heads), arch == "gemma3", arch in ("gemma3", "qwen3")
   W = lambda name: _weight(g, name)
   rms = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
   T, pos = len(ids), np.arange(len(ids), dtype=np.float64)
@@ -32,9 +32,9 @@ def forward(g: GGUFFile, ids: list[int]) -> np.ndarray:
     h = rms(x, W(p + "attn_norm.weight"))
     q, k, v = (h @ W(p + f"attn_{n}.weight").T for n in "qkv")
     q, k, v = q.reshape(T, heads, hd), k.reshape(T, kv_heads, hd), v.reshape(T, kv_heads, hd)
-    if gemma: q, k = rms(q, W(p + "attn_q_norm.weight")), rms(k, W(p + "attn_k_norm.weight"))
+    if qk_norm: q, k = rms(q, W(p + "attn_q_norm.weight")), rms(k, W(p + "attn_k_norm.weight"))
     base = 10000.0 if local else m("rope.freq_base", 10000.0)
-    q, k = _rope(q, pos, base, not gemma), _rope(k, pos, base, not gemma)
+    q, k = _rope(q, pos, base, arch == "llama"), _rope(k, pos, base, arch == "llama")
     k, v = np.repeat(k, heads // kv_heads, axis=1), np.repeat(v, heads // kv_heads, axis=1)
     scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
     dist = pos[:, None] - pos[None]

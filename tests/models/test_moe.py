@@ -15,6 +15,8 @@ from models import synth
 from models.config import ModelConfig
 from models.deepseek2 import gating
 from models.runtime import Runtime
+from models.spec import MetadataView
+from profiles.hints import resolve
 from ops.routing import Gating
 from quant.gguf_file import GGUFFile
 from quant.gguf_write import RawTensor, write_gguf
@@ -79,12 +81,7 @@ def test_gpt_oss_quant_means_mxfp4_experts():
   assert 11 < size_gb("gpt-oss-20b") < 14   # published MXFP4 GGUFs are about 12-13 GB
   with pytest.raises(ValueError, match="MXFP4 is for expert weights, and youtu-llm-2b has no experts"): synth.tensor_plan("youtu-llm-2b", "MXFP4")
 
-class _Meta:
-  """The parts of GGUFFile that `gating` reads, over a metadata dict."""
-  def __init__(self, meta: dict): self.meta = meta
-  def get(self, key: str, default=None): return self.meta.get(key, default)
-  def array_len(self, key: str) -> int: return len(self.meta[key])
-  def fail(self, problem: str) -> ValueError: return ValueError(problem)
+def _Meta(meta: dict) -> MetadataView: return MetadataView({"general.architecture": "deepseek2", **meta})
 
 def test_glm_without_gating_key_routes_with_sigmoid():
   """Converted GLM-4.7-Flash files have no gating key; llama.cpp (and tinyzoo) pick sigmoid from 47 blocks and 154880 tokens.
@@ -151,7 +148,7 @@ def test_agrees_with_llama_cpp(name: str, quant: str, tmp_path: Path):
   for case in (c for c in FIXTURES if (c["preset"], c["quant"]) == (name, quant)):
     path = synth.synthesize(name, tmp_path / f"{case['seed']}.gguf", quant, case["seed"])
     assert sha256(path) == case["sha256"], "the preset's bytes changed: rerun fixtures/make_moe_fixtures.py"
-    rt = Runtime(path, max_context=32, rounding="ggml", progress=False)
+    rt = Runtime(path, resolve({"rounding": "ggml"}), 32)
     results += [compare(*greedy(rt, ref["tokens"]), ref, quant == "F16") for ref in case["prompts"]]
     path.unlink()
   check(results, f"{name} {quant}")
@@ -166,7 +163,7 @@ def test_fresh_seed_against_live_llama_cpp(seed: int, tmp_path: Path):
     file_seed = int(rng.integers(3, 1 << 20))
     path = synth.synthesize(name, tmp_path / f"{name}.gguf", seed=file_seed)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
-    rt = Runtime(path, max_context=32, rounding="ggml", progress=False)
+    rt = Runtime(path, resolve({"rounding": "ggml"}), 32)
     tokens = [int(t) for t in rng.integers(4, synth.PRESETS[name].vocab_size - 32, size=8)]
     llm.eval(tokens)
     ref: dict = {"greedy": [], "greedy_margins": []}
@@ -220,5 +217,5 @@ def test_fused_gate_up_experts_equal_split(tmp_path: Path):
     fused.append(t)
   fused_path = write_gguf(tmp_path / "fused.gguf", "gpt-oss", synth.metadata("gpt-oss-20b-tiny"), fused)
   tokens = [5, 300, 17, 900, 42]
-  a, b = (Runtime(p, max_context=16, progress=False).prefill(tokens).numpy() for p in (split, fused_path))
+  a, b = (Runtime(p, max_context=16).prefill(tokens).numpy() for p in (split, fused_path))
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -26,6 +26,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from models import catalog, synth
 from models.catalog import ModelNotFound, resolve_model
 from models.config import ModelConfig
+from models.deepseek2 import gating
+from models.registry import architecture_of
+from models.spec import MetadataView
+from ops.routing import Gating
 from models.tokenizer import Tokenizer
 from models.tokenizers.vocab import TokenType
 from quant.gguf_file import GGUFFile
@@ -75,12 +79,14 @@ def test_tiny_has_the_structure_of_its_model(name: str, synthesized):
   assert (tok.vocab.model, tok.vocab.pre, tok.vocab_size) == (g.get("tokenizer.ggml.model"), getattr(full.vocab, "pre", "default"), cfg.vocab_size)
   assert g.get("general.name") == f"synthetic {name} (seed 0)"
 
-# the real models: llama3.2-1b from Meta's GGUF conversions, smollm2-135m and gemma3-270m from `tinyzoo info`, gemma3-1b from its config
+# the real models: llama3.2-1b from Meta's GGUF conversions, smollm2-135m and gemma3-270m from `tinyzoo info`, gemma3-1b and
+# qwen3-0.6b from their configs
 REAL = {  # arch, blocks, dim, heads, kv heads, head dim, ffn, vocab, context, rope base, sliding window, tokenizer model, pre
   "llama3.2-1b": ("llama", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0, None, "gpt2", "llama-bpe"),
   "smollm2-135m": ("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, None, "gpt2", "smollm"),
   "gemma3-270m": ("gemma3", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e6, 512, "llama", "default"),
   "gemma3-1b": ("gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1e6, 512, "llama", "default"),
+  "qwen3-0.6b": ("qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1e6, None, "gpt2", "qwen2"),
 }
 
 @pytest.mark.parametrize("name", FULL)
@@ -95,7 +101,8 @@ def test_full_presets_have_the_real_shapes(name: str):
   assert len(meta["tokenizer.ggml.tokens"]) == vocab == plan["token_embd.weight"].shape[0]
   assert plan["blk.0.attn_q.weight"].shape == (heads * hd, dim) and plan["blk.0.attn_k.weight"].shape == (kv * hd, dim)
   assert plan["blk.0.ffn_down.weight"].shape == (dim, ffn) and f"blk.{n - 1}.ffn_up.weight" in plan and f"blk.{n}.ffn_up.weight" not in plan
-  assert len(plan) == 2 + n * (13 if arch == "gemma3" else 9) + (name == "llama3.2-1b")
+  per_block = {"llama": 9, "qwen3": 11, "gemma3": 13}[arch]   # qk-norms and sandwich norms
+  assert len(plan) == 2 + n * per_block + (name == "llama3.2-1b")
   size = sum(int(np.prod(t.shape)) * GGML_QUANT_SIZES[t.ggml_type][1] // GGML_QUANT_SIZES[t.ggml_type][0] for t in plan.values())
   assert 0.1e9 < size < 1.3e9
 
@@ -119,88 +126,36 @@ def test_config_reads_rope_freqs(synthesized):
   assert cfg.yarn.factor == 1.0 and cfg.yarn.ext_factor == 0.0
   np.testing.assert_array_equal(cfg.yarn.freq_factors, p.llama3_rope.freq_factors(p.head_dim, p.rope_base))
 
-# ---- the MoE and MLA presets as llama.cpp loads them
+# ---- the presets as llama.cpp loads them
 
 MOE = [n for n, p in synth.PRESETS.items() if p.moe is not None or p.mla is not None]
 MOE_FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "moe_llama_cpp.json").read_text(encoding="utf-8"))["cases"]
 
-def llama_cpp_tensors(arch: str, meta: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-  """The tensors llama.cpp 0.3.36 creates for a llama (with experts), gpt-oss or MLA deepseek2 file, each with its ne (the numpy
-  shape reversed), derived from the metadata alone as its load_hparams and load_arch_tensors do; and the optional ones among them.
-  A key llama.cpp requires is read with meta[...], so a missing one fails here as it fails there."""
-  req = lambda key: meta[f"{arch}.{key}"]
-  opt = lambda key, default=0: meta.get(f"{arch}.{key}", default)
-  req("context_length"), req("attention.layer_norm_rms_epsilon")
-  n_layer, n_embd, n_head, n_vocab = req("block_count"), req("embedding_length"), opt("attention.head_count"), len(meta["tokenizer.ggml.tokens"])
-  n_head_kv = opt("attention.head_count_kv", n_head)
-  head_k, head_v = opt("attention.key_length", n_embd // n_head), opt("attention.value_length", n_embd // n_head)
-  n_rot, n_ff, n_expert, n_used = opt("rope.dimension_count", head_k), opt("feed_forward_length"), opt("expert_count"), opt("expert_used_count")
-  assert n_used <= n_expert and (n_used > 0) == (n_expert > 0)
-  t, optional = {"token_embd.weight": (n_embd, n_vocab), "output_norm.weight": (n_embd,), "output.weight": (n_embd, n_vocab)}, set()
-  if arch != "gpt-oss": optional.add("output.weight")   # llama and deepseek2 fall back to the embedding table
-  experts = lambda b, ff: {b + "ffn_gate_inp.weight": (n_embd, n_expert), b + "ffn_gate_exps.weight": (n_embd, ff, n_expert),
-                           b + "ffn_up_exps.weight": (n_embd, ff, n_expert), b + "ffn_down_exps.weight": (ff, n_embd, n_expert)}
-  dense = lambda b, ff: {b + "ffn_gate.weight": (n_embd, ff), b + "ffn_up.weight": (n_embd, ff), b + "ffn_down.weight": (ff, n_embd)}
-  if arch == "deepseek2":
-    lite = n_layer in (26, 27) or (n_layer == 48 and opt("vocab_size", n_vocab) == 128256)
-    q_lora, kv_lora, n_ff_exp, n_shared = 0 if lite else req("attention.q_lora_rank"), req("attention.kv_lora_rank"), \
-                                          req("expert_feed_forward_length"), req("expert_shared_count")
-    k_mla, v_mla, n_dense = opt("attention.key_length_mla"), opt("attention.value_length_mla"), opt("leading_dense_block_count")
-    assert k_mla and v_mla and (head_k, head_v) == (kv_lora + n_rot, kv_lora)   # the MLA form (else llama.cpp wants attn_kv_b)
-    assert n_dense >= n_layer or n_expert > 0
-  elif arch == "gpt-oss": n_ff_exp, _ = req("expert_feed_forward_length"), req("attention.sliding_window")
-  else: assert n_rot == head_k   # llama.cpp's "invalid n_rot"
-  for i in range(n_layer):
-    b = f"blk.{i}."
-    t[b + "attn_norm.weight"] = (n_embd,)
-    if arch == "deepseek2":
-      nope = k_mla - n_rot
-      t |= {b + "attn_kv_a_norm.weight": (kv_lora,), b + "attn_kv_a_mqa.weight": (n_embd, kv_lora + n_rot),
-            b + "attn_k_b.weight": (nope, kv_lora, n_head), b + "attn_v_b.weight": (kv_lora, v_mla, n_head),
-            b + "attn_output.weight": (n_head * v_mla, n_embd), b + "ffn_norm.weight": (n_embd,)}
-      t |= {b + "attn_q_a_norm.weight": (q_lora,), b + "attn_q_a.weight": (n_embd, q_lora), b + "attn_q_b.weight": (q_lora, n_head * k_mla)} \
-           if q_lora else {b + "attn_q.weight": (n_embd, n_head * k_mla)}
-      if i < n_dense: t |= dense(b, n_ff)
-      else:
-        sh = n_ff_exp * n_shared
-        t |= experts(b, n_ff_exp) | {b + "exp_probs_b.bias": (n_expert,), b + "ffn_gate_shexp.weight": (n_embd, sh),
-                                     b + "ffn_up_shexp.weight": (n_embd, sh), b + "ffn_down_shexp.weight": (sh, n_embd)}
-        optional.add(b + "exp_probs_b.bias")
-    else:
-      q, kv = n_head * head_k, n_head_kv * head_k
-      t |= {b + "attn_q.weight": (n_embd, q), b + "attn_k.weight": (n_embd, kv), b + "attn_v.weight": (n_embd, n_head_kv * head_v),
-            b + "attn_output.weight": (q, n_embd), b + "attn_output.bias": (n_embd,)}
-      if arch == "gpt-oss":
-        t |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,), b + "attn_sinks.weight": (n_head,),
-              b + "post_attention_norm.weight": (n_embd,), b + "ffn_gate_inp.bias": (n_expert,), b + "ffn_gate_exps.bias": (n_ff_exp, n_expert),
-              b + "ffn_up_exps.bias": (n_ff_exp, n_expert), b + "ffn_down_exps.bias": (n_embd, n_expert)} | experts(b, n_ff_exp)
-        optional |= {b + f"attn_{n}.bias" for n in "qkv"}
-      else:
-        t |= {b + "ffn_norm.weight": (n_embd,)} | (experts(b, n_ff) if n_expert else dense(b, n_ff))
-        optional.add(b + "attn_output.bias")
-  return t, optional
-
-def llama_cpp_gating(meta: dict) -> int:
-  """deepseek2's expert gating function as llama.cpp picks it: the key, else sigmoid for GLM-4.7-Flash's shape, else softmax."""
-  n_layer, n_vocab = meta["deepseek2.block_count"], meta.get("deepseek2.vocab_size", len(meta["tokenizer.ggml.tokens"]))
-  return meta.get("deepseek2.expert_gating_func") or (2 if n_layer in (47, 48) and n_vocab == 154880 else 1)
+def llama_cpp_tensors(meta: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+  """The tensors a file of this metadata holds, each with its llama.cpp ne (the numpy shape reversed), and the optional
+  ones among them, as its architecture's description says (models/spec.py); a key the description requires is read as
+  llama.cpp reads it, so a missing one fails here as it fails there."""
+  g = MetadataView(meta)
+  tensors = architecture_of(g).tensors(ModelConfig.from_gguf(g), g)
+  return {t.name: t.shape[::-1] for t in tensors}, {t.name for t in tensors if t.optional}
 
 def assert_llama_cpp_loads(name: str, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
   """Every tensor llama.cpp requires is there, none it does not create (it refuses a file with tensors left over), all of its shapes."""
-  want, optional = llama_cpp_tensors(synth.PRESETS[name].arch, meta)
+  want, optional = llama_cpp_tensors({"general.architecture": synth.PRESETS[name].arch, **meta})
   assert not shapes.keys() - want.keys(), f"tensors llama.cpp does not create: {sorted(shapes.keys() - want.keys())[:5]}"
   assert not want.keys() - optional - shapes.keys(), f"tensors llama.cpp requires: {sorted(want.keys() - optional - shapes.keys())[:5]}"
   assert {n: s[::-1] for n, s in shapes.items()} == {n: want[n] for n in shapes}
   if synth.PRESETS[name].arch == "deepseek2" and synth.PRESETS[name].moe is not None:
-    assert llama_cpp_gating(meta) == (2 if name.startswith("glm") else 1)
+    g = MetadataView({"general.architecture": "deepseek2", **meta})
+    assert gating(g, meta["deepseek2.block_count"]) == (Gating.SIGMOID if name.startswith("glm") else Gating.SOFTMAX)
   assert len(meta["tokenizer.ggml.token_type"]) == len(meta["tokenizer.ggml.tokens"])
 
-@pytest.mark.parametrize("name", [n for n in MOE if not n.endswith("-tiny")])
-def test_full_moe_presets_are_what_llama_cpp_loads(name: str):
+@pytest.mark.parametrize("name", [n for n in synth.PRESETS if not n.endswith("-tiny")])
+def test_full_presets_are_what_llama_cpp_loads(name: str):
   assert_llama_cpp_loads(name, synth.metadata(name), {t.name: t.shape for t in synth.tensor_plan(name)})
 
-@pytest.mark.parametrize("name", [n for n in MOE if n.endswith("-tiny")])
-def test_tiny_moe_files_are_what_llama_cpp_loads(name: str, synthesized):
+@pytest.mark.parametrize("name", [n for n in synth.PRESETS if n.endswith("-tiny")])
+def test_tiny_files_are_what_llama_cpp_loads(name: str, synthesized):
   g, p = GGUFFile(synthesized(name)), synth.PRESETS[name]
   meta = {k: g.get(k) for k in g.metadata_keys}
   assert meta.keys() == {"general.architecture", *synth.metadata(name)} and g.architecture == p.arch
@@ -250,7 +205,7 @@ def test_layers_and_quant(tmp_path: Path, synthesized):
     assert g.tensors["token_embd.weight"].ggml_type == (T[quant] if quant in ("F16", "BF16") else T.Q8_0)
 
 @pytest.mark.parametrize("args,message", [
-  (("llama9",), r"unknown synthetic preset 'llama9' \(choose from llama3.2-1b, llama3.2-1b-tiny, .*youtu-llm-2b-tiny\)"),
+  (("llama9",), r"unknown synthetic preset 'llama9' \(choose from llama3.2-1b, llama3.2-1b-tiny, .*qwen3-0.6b-tiny\)"),
   (("gemma3-1b-tiny", "Q3_K"), r"unknown quant type 'Q3_K' \(choose from F32, F16, BF16, Q4_0, .*MXFP4\)"),
   (("smollm2-135m-tiny", "Q4_K"), r"Q4_K needs rows of whole 256-element blocks; smollm2-135m-tiny's blk.0.attn_q.weight has rows of 96"),
   (("gemma3-1b-tiny", None, 0, 0), r"layers must be an integer >= 1, got 0"),

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFWriter
-from models.catalog import ModelNotFound, cache_dir, resolve_model
+from models.catalog import ModelNotFound, resolve_model
+from quant.files import cache_dir
 from models.tokenizer import Tokenizer
 from quant.gguf_file import GGUFFile
 

@@ -3,7 +3,7 @@ import numpy as np
 from tinygrad import Tensor
 import pytest
 from gguf import GGMLQuantizationType as T
-from experiments.kernels import count_kernels
+from ops.kernels import count_kernels
 from ops.activations import geglu, geglu_fp16_table, swiglu, swiglu_clamped
 from quant.linear import QuantLinear
 from quant.qtensor import QTensor

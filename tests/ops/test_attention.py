@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
-from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention
+from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention, fused_attention, half_cache_values, soft_capped, \
+  values_with_denominator
 from ops.norm import rms_norm
 from ops.rope import apply_rope, rope_tables
 
@@ -88,7 +89,7 @@ def test_query_rotated_where_the_logits_read_it(seed, rng, interleaved, half_cac
   q_rot = apply_rope(Tensor(q), *rows, interleaved)
   if half_cache: q_rot = q_rot.cast(dtypes.float16).cast(dtypes.float32)
   want = attention(q_rot.realize(), ks, vs, start_pos, scale=D ** -0.5)
-  got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=(*rows, interleaved))
+  got = fused_attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=(*rows, interleaved))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
 def test_query_normalized_where_the_logits_read_it(seed, rng):
@@ -100,8 +101,8 @@ def test_query_normalized_where_the_logits_read_it(seed, rng):
   cos, sin = rope_tables(D, 10000.0, 16)
   rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], False)
   ks, vs = (in_cache(rng, a, 1).realize() for a in (k, v))
-  want = attention(rms_norm(Tensor(q), Tensor(w), 1e-6).realize(), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope)
-  got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_norm=(Tensor(w), 1e-6))
+  want = attention(apply_rope(rms_norm(Tensor(q), Tensor(w), 1e-6), *rope).realize(), ks, vs, start_pos, scale=D ** -0.5)
+  got = fused_attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=rope, q_norm=(Tensor(w), 1e-6))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
 def ref_normed_attention(q, k, v, wq, wk, cos, sin, start_pos: int) -> np.ndarray:
@@ -128,7 +129,7 @@ def test_keys_normalized_where_the_logits_read_them(seed, rng, softmax, T, start
   rotated as read, each one's 1/rms on its logits (the query's own key's too, under softmax self), against float64."""
   q, k, v, (wq, wk), rope, q_rope, want = _normed_keys(rng, T, start_pos)
   f32 = lambda a: Tensor(a.astype(np.float32))
-  got = attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope,
+  got = fused_attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope,
                   q_norm=(f32(wq), 1e-6), key_rope=rope, k_norm=(f32(wk), 1e-6), softmax=softmax)
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
 
@@ -140,7 +141,7 @@ def test_normalized_keys_cost_no_kernel(rng):
   norms = {"q_norm": (Tensor(wq.astype(np.float32)).realize(), 1e-6), "k_norm": (Tensor(wk.astype(np.float32)).realize(), 1e-6)}
   counts = {}
   for name, kw in (("plain", {}), ("normed", norms)):
-    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, q_rope=(rope[0][pos:pos + 1], rope[1][pos:pos + 1], False),
+    jit = TinyJit(lambda q, pos: fused_attention(q, ks, vs, pos, scale=D ** -0.5, q_rope=(rope[0][pos:pos + 1], rope[1][pos:pos + 1], False),
                                            key_rope=rope, softmax="self", **kw).realize())
     for pos in (38, 39, 40): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
     counts[name] = len(jit.captured.linear.src)
@@ -155,12 +156,12 @@ def test_keys_rotated_where_the_logits_read_them(seed, rng, interleaved):
   cos, sin = rope_tables(6, 10000.0, start_pos + T)
   q_rope = (cos[start_pos:start_pos + T], sin[start_pos:start_pos + T], interleaved)
   k_rot = apply_rope(Tensor(k), cos, sin, interleaved).numpy()
-  want = attention(Tensor(q), in_cache(rng, k_rot, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope)
+  want = attention(apply_rope(Tensor(q), *q_rope).realize(), in_cache(rng, k_rot, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5)
   vs = in_cache(rng, v, 2)
-  got = attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=D ** -0.5, q_rope=q_rope, key_rope=(cos, sin))
+  got = fused_attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=D ** -0.5, q_rope=q_rope, key_rope=(cos, sin))
   np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
   with pytest.raises(ValueError, match="key_rope needs q_rope"):
-    attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=1.0, key_rope=(cos, sin))
+    fused_attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=1.0, key_rope=(cos, sin))
 
 def test_a_row_cache_holds_each_positions_projections(seed, rng):
   """Layout rows: the joined q, k, v projections written at a position come back as that position's q and its k and v
@@ -188,11 +189,14 @@ def test_softmax_stabilized_by_the_querys_own_logit(seed, rng, layout, start_pos
   k_rot = apply_rope(Tensor(k), cos[:start_pos + 1], sin[:start_pos + 1], False).numpy()
   q_rot = apply_rope(Tensor(q), *q_rope).numpy()
   ks = in_cache(rng, k if layout == "rows" else k_rot, 2)
-  got = attention(Tensor(q), ks, in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope, softmax="self",
+  got = fused_attention(Tensor(q), ks, in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope, softmax="self",
                   key_rope=(cos, sin) if layout == "rows" else None, sinks=None if sink is None else Tensor(sink))
   # float32: the rotations of each key and of the query's own are rounded apart (outputs of unit size)
   np.testing.assert_allclose(got.numpy(), ref_attention(q_rot, k_rot, v, start_pos, D ** -0.5, sinks=sink), rtol=1e-5, atol=1e-5,
                              err_msg=f"seed={seed}")
+  plain = attention(Tensor(q_rot), in_cache(rng, k_rot, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5,
+                    sinks=None if sink is None else Tensor(sink))
+  np.testing.assert_allclose(got.numpy(), plain.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"seed={seed}")
 
 @pytest.mark.parametrize("spread", [0.0, 30.0, SELF_MARGIN + 60])
 def test_softmax_by_self_holds_a_spread_of_logits(seed, rng, spread):
@@ -201,7 +205,7 @@ def test_softmax_by_self_holds_a_spread_of_logits(seed, rng, spread):
   q, k, v = (a[:1] for a in qkv(rng, 1, start_pos + 1))
   q, k = np.ones_like(q), np.zeros_like(k)
   k[:, :, 4] = spread / (D * D ** -0.5)   # q.k * scale == spread at position 4, 0 everywhere else (the query's own key too)
-  got = attention(Tensor(q), in_cache(rng, k, 1), in_cache(rng, v, 1), start_pos, scale=D ** -0.5, softmax="self").numpy()
+  got = fused_attention(Tensor(q), in_cache(rng, k, 1), in_cache(rng, v, 1), start_pos, scale=D ** -0.5, softmax="self").numpy()
   assert np.isfinite(got).all()
   np.testing.assert_allclose(got, ref_attention(q, k, v, start_pos, D ** -0.5), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
@@ -214,8 +218,37 @@ def test_softmax_by_self_saves_the_max_kernel(rng, sinks):
   sink = Tensor(rng.normal(size=HQ).astype(np.float32)).realize() if sinks else None
   counts = {}
   for softmax in ("max", "self"):
-    jit = TinyJit(lambda q, pos: attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax, sinks=sink).realize())
+    jit = TinyJit(lambda q, pos: fused_attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax, sinks=sink).realize())
     for pos in (30, 31, 32): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
     counts[softmax] = len(jit.captured.linear.src)
   assert counts["self"] == counts["max"] - 1, counts
-  with pytest.raises(ValueError, match="unknown softmax stabilizer 'online'"): attention(Tensor(q), ks, vs, 30, scale=1.0, softmax="online")
+  with pytest.raises(ValueError, match="unknown softmax stabilizer 'online'"): fused_attention(Tensor(q), ks, vs, 30, scale=1.0, softmax="online")
+
+def test_soft_cap_bounds_the_logits_and_keeps_small_ones(rng):
+  x = rng.normal(size=64).astype(np.float32) * 20
+  capped = soft_capped(Tensor(x), 5.0).numpy()
+  assert np.abs(capped).max() <= 5.0 and np.all(np.diff(capped[np.argsort(x)]) >= 0)
+  np.testing.assert_allclose(capped, 5.0 * np.tanh(x / 5.0), rtol=1e-6, atol=1e-6)
+
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_half_cache_values_round_the_weights_only(seed, rng, sinks):
+  """The fp16 path (a half cache, as llama.cpp's): the softmax weights rounded to half against the values, the
+  denominator float32, a sink's term beside it; the same as the float path on the same (half) values within fp16's
+  rounding of the weights."""
+  e = Tensor(np.exp(rng.normal(size=(1, 2, 2, 1, 2, CHUNK))).astype(np.float32))
+  values = Tensor(rng.normal(size=(1, 2, 1, 1, 2, CHUNK, DV)).astype(np.float16))
+  sink = Tensor(rng.uniform(0.5, 2, size=(1, 2, 2, 1, 1)).astype(np.float32)) if sinks else None
+  half = half_cache_values(e, values, sink)
+  assert half.dtype == dtypes.float32
+  np.testing.assert_allclose(half.numpy(), values_with_denominator(e, values.cast(dtypes.float32), sink).numpy(), rtol=2e-3, atol=2e-3,
+                             err_msg=f"seed={seed}")
+
+def test_the_plain_path_over_a_half_cache(seed, rng):
+  """A half cache meets q rounded to half: plain attention over it is the float64 attention of the rounded q and cache,
+  within the half rounding of the softmax weights."""
+  start_pos, T = 9, 2
+  q, k, v = qkv(rng, T, start_pos + T)
+  ks, vs = (in_cache(rng, a, 1).cast(dtypes.float16).realize() for a in (k, v))
+  got = attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5).numpy()
+  h = lambda a: a.astype(np.float16).astype(np.float32)
+  np.testing.assert_allclose(got, ref_attention(h(q), h(k), h(v), start_pos, D ** -0.5), rtol=2e-3, atol=2e-3, err_msg=f"seed={seed}")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
-from experiments.kernels import count_kernels
+from ops.kernels import count_kernels
 from ops.routing import Gating, route
 
 N_EXPERTS, K = 16, 4

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
-from experiments.kernels import count_kernels
+from ops.kernels import count_kernels
 from ops.topk import pairwise_topk
 
 # measured on tinygrad 0.14.0: values and indices picked (the ranks counted inside), then one of the two outputs (one

@@ -1,8 +1,7 @@
 """Device profiles: found by the device's name, merged and written whole, validated with the file and line of a mistake."""
 from pathlib import Path
 import pytest
-from profiles.device import ProfileError, load, profile_path, save_matvec_sizes, use_device_profile
-from quant import matvec_opts
+from profiles.device import ProfileError, device_profile, load, profile_path, save_matvec_sizes, tuned_sizes
 
 H100 = "CUDA: NVIDIA H100 80GB HBM3"
 
@@ -10,7 +9,7 @@ def test_path_from_the_device_name(tmp_path: Path):
   assert profile_path(H100, tmp_path) == tmp_path / "cuda-nvidia-h100-80gb-hbm3.yaml"
   assert profile_path("CPU: Intel(R) Xeon(R) Platinum 8488C, 2 cores", tmp_path).name == "cpu-intel-r-xeon-r-platinum-8488c.yaml"
 
-def test_save_merges_and_use_applies(tmp_path: Path):
+def test_save_merges_and_the_device_finds_its_sizes(tmp_path: Path):
   path = profile_path(H100, tmp_path)
   save_matvec_sizes(path, H100, {"2048x256x4x4x2": ((64, 2, 2), 355.12), "8192x64x4x4x2": ((16, 4, 4), 272.0)})
   save_matvec_sizes(path, H100, {"8192x64x4x4x2": ((32, 4, 2), 301.5)})
@@ -18,11 +17,10 @@ def test_save_merges_and_use_applies(tmp_path: Path):
   got = load(path)
   assert got["device"] == H100
   assert got["matvec_sizes"] == {"2048x256x4x4x2": {"sizes": (64, 2, 2), "gb_s": 355.1}, "8192x64x4x4x2": {"sizes": (32, 4, 2), "gb_s": 301.5}}
-  try:
-    assert use_device_profile(H100, tmp_path) == path
-    assert matvec_opts._tuned == {"2048x256x4x4x2": (64, 2, 2), "8192x64x4x4x2": (32, 4, 2)}
-    assert use_device_profile("CUDA: another GPU", tmp_path) is None and matvec_opts._tuned == {}
-  finally: matvec_opts.use_tuned_sizes({})
+  profile, found = device_profile(H100, tmp_path)
+  assert found == path and tuned_sizes(profile) == {"2048x256x4x4x2": (64, 2, 2), "8192x64x4x4x2": (32, 4, 2)}
+  profile, found = device_profile("CUDA: another GPU", tmp_path)
+  assert found is None and tuned_sizes(profile) == {}
 
 @pytest.mark.parametrize("text,error", [
   ("device: x\nmatvec_sizes:\n  2048x256: {sizes: '64,2', gb_s: 1}\n", ":3: 2048x256: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"),
@@ -37,6 +35,7 @@ def test_save_merges_and_use_applies(tmp_path: Path):
   ("device: x\nhints: [norm]\n", ":2: hints maps hint names to values"),
   ("device: x\narchitectures: [gemma3]\n", ":2: architectures maps architecture names to their hints"),
   ("device: x\narchitectures:\n  gemma3:\n    norm: folded\n", ":4: hint norm: 'folded' is not one of"),
+  ("device: x\nhints:\n  rounding: ggml\n", ":3: hint rounding is set at run time only, not by a profile"),
   ("device: x\nmatvec_sizes:\n  q4_0: {sizes: '1,1,1'}\n", ":3: 'q4_0' is no kernel shape"),
   ("device: x\nmatvec_sizes: [1, 2]\n", ":2: matvec_sizes maps kernel shapes"),
   ("device: [x\n", ":2: not valid YAML"),

@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from models.catalog import file_sha256, resolve_model
+from models.catalog import resolve_model
+from quant.files import file_sha256
 from models.runtime import Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
@@ -31,9 +32,9 @@ def test_only_the_part_asked_for_and_what_was_done(tiny: Path, tmp_path: Path, c
   assert g.get("tinyzoo.convert.source") == "tiny.gguf" and g.get("tinyzoo.convert.source_sha256") == file_sha256(tiny)
   assert g.get("tinyzoo.convert.command").startswith("tinyzoo convert ") and g.get("tinyzoo.convert.only") == "ffn"
   assert g.get("tinyzoo.convert.quant") == "Q4_0" and g.get("tinyzoo.convert.converter").startswith("tinyzoo ")
-  hints = resolve_hints(out, {}, profile=False)[0]
-  assert (hints["strategy"], hints.sources["strategy"], hints["norm"], hints.sources["norm"]) == ("packed_words", "manifest", "break", "manifest")
-  rt = Runtime(out, max_context=16, progress=False)
+  hints = resolve_hints(out, {}, profile=False)
+  assert (hints.strategy, hints.sources["strategy"], hints.norm, hints.sources["norm"]) == ("packed_words", "manifest", "break", "manifest")
+  rt = Runtime(out, max_context=16)
   assert np.isfinite(rt.prefill([5, 6, 7]).numpy()).all()
 
 def test_embeddings_only_when_asked(tiny: Path, tmp_path: Path):
@@ -65,7 +66,7 @@ def test_converted_gemma_answers_as_the_original(tmp_path: Path):
     else ["The capital of France is", "def fibonacci(n):"]
   answers = []
   for path in (src, out):
-    rt, greedy = Runtime(path, max_context=64, progress=False), Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
+    rt, greedy = Runtime(path, max_context=64), Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
     cases = []
     for p in prompts:
       logits = rt.prefill(ids := rt.tokenizer.encode(p))
@@ -82,5 +83,5 @@ def test_llama_cpp_loads_the_result(quant: str, tiny: Path, tmp_path: Path):
   out, ids = convert(tiny, tmp_path / "c.gguf", quant), [1, 5, 9, 200, 33, 7]
   llm = llama_cpp.Llama(model_path=str(out), n_ctx=32, n_threads=2, logits_all=True, verbose=False)
   llm.eval(ids)
-  theirs, ours = np.array(llm.scores[len(ids) - 1]), Runtime(out, 32, progress=False).prefill(ids).numpy().reshape(-1)
+  theirs, ours = np.array(llm.scores[len(ids) - 1]), Runtime(out, max_context=32).prefill(ids).numpy().reshape(-1)
   assert ours.argmax() == theirs.argmax() and np.abs(ours - theirs).max() <= 0.8

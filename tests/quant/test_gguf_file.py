@@ -7,13 +7,13 @@ from gguf import GGMLQuantizationType as T
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.random_blocks import random_blocks
-from tests.gguf_files import type_field_offset, write_gguf
+from tests.gguf_files import small_gguf, type_field_offset
 
 @pytest.fixture
 def every_type(tmp_path: Path, rng: np.random.Generator):
   tensors = {f"t.{t.name}": (t, random_blocks(t, (3, 256), rng), (3, 256)) for t in FORMATS}
   tensors["experts.Q4_0"] = (T.Q4_0, random_blocks(T.Q4_0, (4, 2, 64), rng), (4, 2, 64))
-  return write_gguf(tmp_path / "every.gguf", tensors, {"llama.rope.freq_base": 10000.0}), tensors
+  return small_gguf(tmp_path / "every.gguf", tensors, {"llama.rope.freq_base": 10000.0}), tensors
 
 def test_round_trip_keeps_blocks(every_type):
   path, tensors = every_type
@@ -35,7 +35,7 @@ def test_missing_key_and_tensor(every_type):
   with pytest.raises(GGUFError, match=r"every\.gguf: missing tensor 'output\.weight'"): g.load("output.weight")
 
 def test_unsupported_type_is_named(tmp_path: Path, rng: np.random.Generator):
-  path = write_gguf(tmp_path / "q2k.gguf", {"w": (T.Q2_K, rng.integers(0, 256, (2, 84), dtype=np.uint8), (2, 256))})
+  path = small_gguf(tmp_path / "q2k.gguf", {"w": (T.Q2_K, rng.integers(0, 256, (2, 84), dtype=np.uint8), (2, 256))})
   with pytest.raises(GGUFError, match=r"q2k\.gguf: tensor 'w': GGML type Q2_K is not supported \(supported: F32, "): GGUFFile(path).load("w")
 
 def corrupt(path: Path, data: bytes) -> str:

@@ -9,7 +9,7 @@ from quant.activations import round_activations
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
-from experiments.kernels import count_kernels
+from ops.kernels import count_kernels
 
 OUT, IN = 48, 512
 

@@ -1,16 +1,15 @@
-"""The CPU matvec opts: which kernels get them, that the results stay right, and bad settings.
-
-Kernels are cached by their graph whatever the setting, so each test uses shapes no other test compiles."""
+"""The matvec opts (quant/matvec_opts.py), CPU and GPU: which kernels get them, that the results stay right, and bad
+settings. Each test compiles under a runtime's kernel settings (`row_upcast`), which compiled programs are cached by."""
+import contextlib
 from math import prod
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.helpers import PARALLEL
-from experiments.kernels import jit_programs
-from quant import matvec_opts
-from quant.matvec_opts import builtin_gpu_sizes, compiled_shapes, forced_gpu_sizes, use_tuned_sizes
+from experiments.matvec import settings
+from ops.kernels import jit_programs
+from quant.matvec_opts import GPU_MATVEC_THREADS, builtin_gpu_sizes
 from quant.linear import QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -19,9 +18,10 @@ pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="the opts are fo
 
 @pytest.fixture
 def row_upcast():
-  before = matvec_opts._row_upcast
-  yield matvec_opts.use_row_upcast
-  matvec_opts.use_row_upcast(before)
+  """row_upcast(n, **settings): the rest of the test compiles under a runtime's kernel settings with n rows a CPU matvec
+  thread (0: tinygrad's heuristic for every kernel); returns the settings."""
+  with contextlib.ExitStack() as stack:
+    yield lambda n, **kw: stack.enter_context(settings(n, **kw))
 
 def applied_opts(fn, *inputs: Tensor) -> tuple[list[tuple], np.ndarray]:
   jit = TinyJit(lambda *xs: fn(*xs).realize())
@@ -43,7 +43,6 @@ def test_matvec_rows_upcast_and_exact(t: T, row_upcast, rng: np.random.Generator
 def test_off_leaves_tinygrads_heuristic(row_upcast, rng: np.random.Generator):
   row_upcast(8)
   row_upcast(0)
-  assert PARALLEL.value == matvec_opts._tinygrad_parallel, "turning it off gives compiles back to tinygrad's workers"
   raw = random_blocks(T.Q4_0, (136, 64), rng)
   [opts], _ = applied_opts(QuantLinear(QTensor.from_bytes(raw, T.Q4_0, (136, 64))), Tensor.randn(1, 64))
   assert not any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts)
@@ -117,15 +116,13 @@ def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)))
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
-  compiled_shapes.clear()
-  assert cuda_launch(lin(x))[1] == (64, 1, 1) and len(compiled_shapes) == 1
-  try:
-    use_tuned_sizes({compiled_shapes[0]: (32, 2, 2)})
-    assert cuda_launch(lin(x * 1))[1] == (32, 2, 1)
-    with forced_gpu_sizes((8, 8, 1)): assert cuda_launch(lin(x * 2))[1] == (8, 8, 1)
-    use_tuned_sizes({"1x2x3": (32, 2, 2)})
-    assert cuda_launch(lin(x * 3))[1] == (64, 1, 1)
-  finally: use_tuned_sizes({})
+  shapes = row_upcast(8).heuristic.compiled_shapes
+  assert cuda_launch(lin(x))[1] == (64, 1, 1) and len(shapes) == 1
+  tuned = row_upcast(8, tuned={shapes[0]: (32, 2, 2)})
+  assert cuda_launch(lin(x))[1] == (32, 2, 1) and tuned.heuristic.untuned_shapes() == []
+  with settings(8, tuned={shapes[0]: (32, 2, 2)}, forced=(8, 8, 1)): assert cuda_launch(lin(x))[1] == (8, 8, 1)
+  other = row_upcast(8, tuned={"1x2x3": (32, 2, 2)})
+  assert cuda_launch(lin(x))[1] == (64, 1, 1) and other.heuristic.untuned_shapes() == shapes
 
 def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.random.Generator):
   """A fourth size (the span) gives each thread that many words of a block: a whole Q4_0 block by default (one 16-byte
@@ -137,7 +134,7 @@ def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.ra
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   for sizes, load, local in (((16, 4, 2), "uint4", (16, 4, 1)), ((16, 4, 2, 4), "uint4", (16, 4, 1)), ((16, 4, 2, 2), "uint2", (2, 8, 4)),
                              ((16, 4, 2, 1), "uint", (4, 4, 4)), ((2, 4, 2, 1), "uint", (4, 4, 1))):
-    with forced_gpu_sizes(sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
+    with settings(8, forced=sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
     assert f"{load} val" in src and local_size == local and global_size == (rows // (4 * 2), 1, 1), sizes
     assert all(f"{other} val" not in src for other in ("uint4", "uint2", "uint") if other != load), sizes
 
@@ -147,7 +144,7 @@ def test_gpu_matvec_of_a_row_one_span_long(row_upcast, rng: np.random.Generator)
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q8_0, (256, 32), rng), T.Q8_0, (256, 32)), strategy="packed_words")
   x = Tensor(rng.standard_normal((1, 32), dtype=np.float32)).realize()
-  with forced_gpu_sizes((16, 4, 4)): assert cuda_launch(lin(x)) == ((16, 1, 1), (4, 1, 1))
+  with settings(8, forced=(16, 4, 4)): assert cuda_launch(lin(x)) == ((16, 1, 1), (4, 1, 1))
 
 def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: np.random.Generator):
   """A folded norm's output axis (dot or squares, which no input is indexed by) is upcast: one workgroup computes both
@@ -156,16 +153,28 @@ def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: 
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="packed_words")
   x, g = (Tensor(rng.standard_normal(s, dtype=np.float32)).realize() for s in ((1, cols), (cols,)))
-  with forced_gpu_sizes((64, 1, 4)):
+  with settings(8, forced=(64, 1, 4)):
     assert cuda_launch(lin.words.dot_and_squares(x, g)) == cuda_launch(lin(x * 5)) == ((rows // 4, 1, 1), (64, 1, 1))
 
-# the winners of the H100 sweeps (threads per row, rows per workgroup, rows per thread[, span]), or within 2% of them:
-# packed_words at 76de87d (Llama-3.2-1B's Q4_0 shapes), flat reduces before
-@pytest.mark.parametrize("rows,steps,inner,word,sizes", [(8192, 256, 2, 8, (64, 1, 4, 2)), (3072, 256, 2, 8, (64, 1, 4, 2)),
-                                                         (16384, 256, 2, 8, (64, 1, 4, 2)), (2048, 256, 2, 8, (64, 1, 2, 1)),
-                                                         (2048, 1024, 2, 8, (64, 1, 2, 1)), (32768, 64, 32, 0, (16, 4, 1))])
-def test_builtin_gpu_sizes_follow_the_sweeps(rows: int, steps: int, inner: int, word: int, sizes: tuple):
-  assert builtin_gpu_sizes(rows, steps, inner, word) == sizes
+@pytest.mark.parametrize("rows", [32, 576, 1536, 2048, 3072, 8192, 32768])
+@pytest.mark.parametrize("steps", [20, 64, 256, 1024])
+@pytest.mark.parametrize("word", [0, 4, 8])
+def test_builtin_gpu_sizes_fill_workgroups_and_the_gpu(rows: int, steps: int, word: int):
+  """Every rule's sizes make workgroups of 64 threads at most (or a row's threads, where more) and at least one row a
+  thread; a flat reduce (word 0)
+  doubles the threads a row from 16 until the kernel launches GPU_MATVEC_THREADS of them or they reach a row's steps
+  (128 at most: gpu_matvec GROUPs the most of them that divide the steps); a packed_words thread reads SPAN_ELEMENTS
+  elements of a row a step, never more threads on a row than it has steps to share, half as many elements at 2048 rows
+  or fewer, where it also takes half the rows."""
+  for inner in (1, 32):
+    threads, block, per_thread, *span = builtin_gpu_sizes(rows, steps, inner, word)
+    assert threads * block <= max(64, threads) and per_thread >= 1 and threads <= 128, (threads, block, per_thread)
+    if word:
+      assert span == [max(1, 16 // (2 if rows <= 2048 else 1) // word)] and threads <= max(1, steps // span[0])
+      assert per_thread == (2 if rows <= 2048 else 4)
+    else:
+      assert rows // per_thread * threads >= GPU_MATVEC_THREADS or threads >= min(128, steps), (threads, per_thread)
+      assert threads == 16 or rows // per_thread * threads // 2 < GPU_MATVEC_THREADS and threads // 2 < min(128, steps)
 
 def test_gpu_matvec_groups_a_divisor_of_the_blocks(row_upcast, rng: np.random.Generator):
   """640 columns are 20 Q4_0 blocks: 4 threads for a block's words times 10 for the blocks share a row (16, the rest
@@ -189,7 +198,7 @@ def test_gpu_matvec_unrolls_each_sum_inside_a_word(row_upcast, rng: np.random.Ge
   word's bytes; a mixed MoE matvec keeps its experts a loop (unrolled, gpt-oss's down experts spilled)."""
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (1024, 1536), rng), T.Q4_0, (1024, 1536)), strategy="packed_words")
-  with forced_gpu_sizes((64, 1, 4, 2)): src = cuda_source(lin(Tensor(rng.standard_normal((1, 1536), dtype=np.float32)).realize()))
+  with settings(8, forced=(64, 1, 4, 2)): src = cuda_source(lin(Tensor(rng.standard_normal((1, 1536), dtype=np.float32)).realize()))
   assert "<<19u)&7864320u)|1065353216u" in src and "< 4;" not in src
   experts = QuantExperts(QTensor.from_bytes(random_blocks(T.MXFP4, (8, 1472, 1472), rng), T.MXFP4, (8, 1472, 1472)), strategy="packed_words")
   x = Tensor(rng.standard_normal((1, 1, 4, 1472), dtype=np.float32)).realize()
@@ -230,7 +239,7 @@ def test_gpu_matvec_unrolls_a_threads_steps_up_to_a_budget(row_upcast, rng: np.r
   for t, (rows, cols), sizes, loads, loop in ((T.Q4_0, (8192, 2048), (64, 1, 4, 2), 8, None), (T.Q4_0, (2048, 8192), (64, 1, 2, 1), 8, 4),
                                                (T.Q8_0, (2048, 4096), (64, 1, 4, 4), 8, 2)):
     lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy="packed_words")
-    with forced_gpu_sizes(sizes): src = cuda_source(lin(Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()))
+    with settings(8, forced=sizes): src = cuda_source(lin(Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()))
     body = src.split("__syncthreads")[0]
     assert sum(line.count("data1_") for line in body.splitlines() if " val" in line) == loads, (t, sizes)
     loops = [line.split(";")[1].strip() for line in body.splitlines() if "for (" in line]
@@ -265,7 +274,7 @@ def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Gene
   rows = 8192
   row_upcast(8)
   lin, _, x = _gate_up_pairs(rows, 2048, rng)
-  with forced_gpu_sizes((32, 2, 2, 2)):
+  with settings(8, forced=(32, 2, 2, 2)):
     opts = cuda_sink(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows)))).arg.applied_opts
   assert [o.arg for o in opts if o.op is OptOps.GROUP] == [2, 16], opts
 
@@ -286,7 +295,7 @@ def test_gpu_matvec_of_pairs_is_right_with_workgroups(row_upcast, rng: np.random
 def _normed_attention(device: str | None, D: int, rng: np.random.Generator):
   """A decode step's attention with q and k normalized where read and softmax self (Gemma 3 with layout rows) over a
   cache of two chunks, as a function of (q, position), and its float64 reference at a position."""
-  from ops.attention import CHUNK, attention
+  from ops.attention import CHUNK, fused_attention
   from ops.rope import rope_tables
   from tests.ops.test_attention import ref_normed_attention
   Hq, L = 2, 2 * CHUNK
@@ -296,7 +305,7 @@ def _normed_attention(device: str | None, D: int, rng: np.random.Generator):
   kt, vt, wqt, wkt = (Tensor(a, device=device).realize() for a in (k, v, wq, wk))
   ct, st = cos.to(device).realize(), sin.to(device).realize()
   def step(qq: Tensor, pos) -> Tensor:
-    return attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), q_norm=(wqt, 1e-6),
+    return fused_attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), q_norm=(wqt, 1e-6),
                      key_rope=(ct, st), k_norm=(wkt, 1e-6), softmax="self")
   def want(pos: int) -> np.ndarray: return ref_normed_attention(q, k, v, wq, wk, cos, sin, pos)
   return q, step, want
@@ -330,7 +339,7 @@ def test_gpu_normalized_logits_are_right_with_workgroups(row_upcast, rng: np.ran
 def _rotated_attention(device: str | None, rng: np.random.Generator):
   """A decode step's attention over a row cache of two chunks (keys rotated as read), two kv heads of four query heads
   each with a sink, softmax self (GPT-OSS with layout rows), as a function of (q, position), and its float64 reference."""
-  from ops.attention import CHUNK, attention
+  from ops.attention import CHUNK, fused_attention
   from ops.rope import apply_rope, rope_tables
   from tests.ops.test_attention import ref_attention
   Hkv, G, D, L = 2, 4, 64, 2 * CHUNK
@@ -339,7 +348,7 @@ def _rotated_attention(device: str | None, rng: np.random.Generator):
   cos, sin = rope_tables(D, 10000.0, L)
   kt, vt, skt, ct, st = (t.to(device).realize() for t in (Tensor(k), Tensor(v), Tensor(sinks), cos, sin))
   def step(qq: Tensor, pos) -> Tensor:
-    return attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), key_rope=(ct, st),
+    return fused_attention(qq, kt, vt, pos, scale=D ** -0.5, q_rope=(ct[pos:pos + 1], st[pos:pos + 1], False), key_rope=(ct, st),
                      sinks=skt, softmax="self")
   def want(pos: int) -> np.ndarray:
     k_rot = apply_rope(Tensor(k[:, :, :pos + 1]), cos[:pos + 1], sin[:pos + 1], False).numpy()

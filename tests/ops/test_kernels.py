@@ -10,7 +10,7 @@ from tinygrad.engine.jit import GraphRunner
 from tinygrad.engine.realize import run_linear
 from tinygrad.helpers import Context
 from tinygrad.uop.ops import Ops, UOp
-from experiments.kernels import count_kernels, jit_kernels
+from ops.kernels import count_kernels, jit_kernels
 
 TOY_KERNELS = 5
 
@@ -68,8 +68,8 @@ HCQ_PROBE = """
 import sys; sys.path.insert(0, {root!r})
 import numpy as np
 from tinygrad import Tensor
-from tests.experiments.test_kernels import toy, toy_reference, replayed
-from experiments.kernels import count_kernels, jit_kernels
+from tests.ops.test_kernels import toy, toy_reference, replayed
+from ops.kernels import count_kernels, jit_kernels
 x = Tensor(np.random.default_rng({seed}).standard_normal((16, 32)).astype(np.float32)).realize()
 jit, launched, out = replayed(toy, x)
 np.testing.assert_allclose(out, toy_reference(x.numpy()), rtol=1e-5)

@@ -1,0 +1,162 @@
+"""Every change tinyzoo makes to tinygrad's behaviour, in one place. Nothing here changes tinygrad on import: `install()`
+does, once per process, and refuses a tinygrad it was not written for. The changes, each over tinygrad's own classes and
+modules (its files are not touched):
+
+- Kernel opts: tinygrad's hand-coded heuristic is asked through the kernel settings in force (`with settings:`), whose
+  `heuristic` may choose the opts itself (quant/matvec_opts.py); without settings, or without a heuristic of theirs,
+  tinygrad's decides. Compiled programs are cached by their graph and by the settings in force, so kernels compiled
+  under other settings are never reused. Compiles stay in this process: tinygrad's compile workers are spawned fresh
+  and would have none of these changes.
+- dp4a (ops/dp4a.py): the devectorizers split a CUSTOMI over a vector into one a lane, and C-style renderers put the
+  function's definition at the top of a kernel that calls it.
+- CUDA graphs (ops/cuda_graph.py): built with every launch size at least 1; under settings with `pdl`, kernels rendered for
+  sm_90 or later begin with the programmatic-launch entry and the graph joins them by programmatic edges.
+- `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
+"""
+import contextlib
+import ctypes
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+import tinygrad.codegen as codegen
+import tinygrad.engine.jit as tinygrad_jit
+import tinygrad.engine.realize as tinygrad_realize
+from tinygrad.codegen.opt import heuristic
+from tinygrad.helpers import PARALLEL, Context
+from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
+from tinygrad.uop.ops import ProgramInfo
+from ops import cuda_graph, dp4a
+
+TINYGRAD = "0.14.0"   # the version these changes are written for
+
+class UnsupportedTinygrad(ValueError): pass
+
+# tinygrad's own functions, taken before anything here replaces them
+tinygrad_heuristic = heuristic.hand_coded_optimizations
+_program_key, _launch_dims, _render = codegen.to_program_key, ProgramInfo.launch_dims, CStyleLanguage.render
+_render_kernel = CUDARenderer.render_kernel
+
+@dataclass(frozen=True)
+class KernelSettings:
+  """How kernels are compiled, and graphs built, while these settings are in force (`with settings:`, nestable).
+  `heuristic` chooses each kernel's opts (an object with `optimize(scheduler) -> scheduler`, equal to another only
+  where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
+  with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
+  set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's). `edges` counts the programmatic edges graphs built."""
+  heuristic: Any = None
+  pdl: bool = False
+  pdl_prefetch: bool = False
+  beam: int | None = None
+  jit_batch_size: int | None = None
+  edges: list[int] = field(default_factory=lambda: [0], compare=False, hash=False, repr=False)
+
+  @property
+  def compile_key(self) -> tuple:
+    """What compiled programs depend on besides their graph."""
+    return (self.heuristic, self.pdl, self.pdl and self.pdl_prefetch)
+
+  def __enter__(self) -> "KernelSettings":
+    tinygrad = Context(**{k.upper(): v for k, v in (("beam", self.beam), ("jit_batch_size", self.jit_batch_size)) if v is not None})
+    tinygrad.__enter__()
+    _active.append((self, tinygrad))
+    return self
+
+  def __exit__(self, *exc) -> None:
+    _, tinygrad = _active.pop()
+    tinygrad.__exit__(*exc)
+
+_active: list[tuple[KernelSettings, Context]] = []
+
+def active() -> KernelSettings | None:
+  """The kernel settings in force, or None."""
+  return _active[-1][0] if _active else None
+
+def _hand_coded(k):
+  settings = active()
+  return tinygrad_heuristic(k) if settings is None or settings.heuristic is None else settings.heuristic.optimize(k)
+
+def _key(ast, renderer) -> tuple:
+  settings = active()
+  return (*_program_key(ast, renderer), None if settings is None else settings.compile_key)
+
+def _render_with_dp4a(self, uops) -> str:
+  source = _render(self, uops)
+  return f"{dp4a.definition(self)}\n{source}" if dp4a.NAME + "(" in source else source
+
+def _render_with_entry(self, function_name, kernel, bufs, uops, prefix=None) -> str:
+  settings = active()
+  if settings is not None and settings.pdl and cuda_graph.sm(self.target.arch) >= 90:
+    prefetch = cuda_graph.prefetch_lines(cuda_graph.prefetched_buffers(bufs, uops)) if settings.pdl_prefetch else []
+    kernel = [cuda_graph.ENTRY[0], *prefetch, cuda_graph.ENTRY[1], *kernel]
+  return _render_kernel(self, function_name, kernel, bufs, uops, prefix)
+
+def _launch_dims_at_least_one(self: ProgramInfo, var_vals: dict[str, int]):
+  global_size, local_size = _launch_dims(self, var_vals)
+  return tuple(max(1, d) for d in global_size), None if local_size is None else tuple(max(1, d) for d in local_size)
+
+@contextlib.contextmanager
+def valid_build_dims() -> Iterator[None]:
+  """Launch sizes evaluated inside are at least 1 in every dimension (CUDA rejects a grid of 0)."""
+  ProgramInfo.launch_dims = _launch_dims_at_least_one   # type: ignore[method-assign]
+  try: yield
+  finally: ProgramInfo.launch_dims = _launch_dims       # type: ignore[method-assign]
+
+@contextlib.contextmanager
+def programmatic_edges(graph: Any, cuda: Any, counter: list[int]) -> Iterator[None]:
+  """While `graph` (a CUDAGraph being built) adds its kernel nodes through `cuda` (tinygrad's driver bindings): each
+  kernel that waits on entry (its PTX holds the entry's wait) is joined to the kernels before it by programmatic edges,
+  counted in `counter[0]`. A driver without edge data (before CUDA 12.3) keeps full edges."""
+  add_dependencies = getattr(cuda.dll, "cuGraphAddDependencies_v2", None)
+  if add_dependencies is None:
+    yield
+    return
+  add_dependencies.argtypes, add_dependencies.restype = [ctypes.c_void_p] * 4 + [ctypes.c_size_t], ctypes.c_int
+  waiting: dict[int | None, bool] = {}
+
+  def waits(func: int | None) -> bool:
+    if not waiting: waiting.update({cuda_graph.address(r.prg): cuda_graph.WAITS in r.lib for r in graph.runtimes if hasattr(r, "prg")})
+    return waiting.get(func, False)
+  original = cuda.cuGraphAddKernelNode
+  cuda.cuGraphAddKernelNode = cuda_graph.programmatic_add_kernel_node(original, add_dependencies, waits, counter)
+  try: yield
+  finally: cuda.cuGraphAddKernelNode = original
+
+def _cuda_graph_init(build: Callable, cuda: Any) -> Callable:
+  def __init__(self, *args, **kwargs):
+    settings = active()
+    with valid_build_dims(), programmatic_edges(self, cuda, settings.edges if settings is not None else [0]): build(self, *args, **kwargs)
+  return __init__
+
+_installed: list[bool] = []
+
+def install() -> None:
+  """Makes every change above, once per process; UnsupportedTinygrad (one line) for a tinygrad other than TINYGRAD."""
+  if _installed: return
+  if (version := importlib.metadata.version("tinygrad")) != TINYGRAD:
+    raise UnsupportedTinygrad(f"tinyzoo's changes to tinygrad are written for tinygrad {TINYGRAD}, and {version} is installed: "
+                              f"pip install tinygrad=={TINYGRAD}")
+  heuristic.hand_coded_optimizations = _hand_coded
+  codegen.to_program_key = tinygrad_realize.to_program_key = _key
+  PARALLEL.value = 0
+  codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
+  codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
+  CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
+  CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
+  try:
+    import tinygrad.runtime.autogen.cuda as cuda
+    from tinygrad.runtime.graph.cuda import CUDAGraph
+    CUDAGraph.__init__ = _cuda_graph_init(CUDAGraph.__init__, cuda)   # type: ignore[method-assign]
+  except (ImportError, OSError): pass
+  _installed.append(True)
+
+@contextlib.contextmanager
+def replays_through(run: Callable[..., None]) -> Iterator[None]:
+  """While in force, every TinyJit replay calls `run` (with run_linear's arguments) instead of tinygrad's run_linear."""
+  original = tinygrad_jit.run_linear
+  tinygrad_jit.run_linear = run
+  try: yield
+  finally: tinygrad_jit.run_linear = original
+
+def forget_compiled() -> None:
+  """Drops every compiled program, so that the next kernels compile afresh (a measured compile time)."""
+  codegen.to_program_cache.clear()

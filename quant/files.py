@@ -1,0 +1,22 @@
+"""Where tinyzoo keeps what it makes (converted and synthetic models, file hashes): one cache directory, and a model
+file's sha256 computed once."""
+import hashlib
+import os
+from pathlib import Path
+
+def cache_dir() -> Path:
+  return Path(os.environ.get("TINYZOO_CACHE", Path.home() / ".cache" / "tinyzoo"))
+
+def file_sha256(path: os.PathLike) -> str:
+  """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""
+  st = os.stat(path)
+  memo = cache_dir() / "sha256" / hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+  if memo.exists(): return memo.read_text()
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 22): h.update(chunk)
+  memo.parent.mkdir(parents=True, exist_ok=True)
+  tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+  tmp.write_text(h.hexdigest())
+  os.replace(tmp, memo)
+  return h.hexdigest()

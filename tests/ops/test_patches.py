@@ -1,0 +1,87 @@
+"""ops/patches.py holds every change tinyzoo makes to tinygrad: importing any tinyzoo module changes nothing, install()
+makes the changes once and refuses a tinygrad it was not written for, and the kernel settings in force are part of
+every compiled program's cache key."""
+import json
+import subprocess
+import sys
+import textwrap
+import pytest
+from tinygrad import Tensor, TinyJit
+from ops import patches
+from ops.patches import KernelSettings
+
+# imports the tinygrad modules tinyzoo could change, notes the identity of every module attribute and class attribute of
+# tinygrad (and every tinygrad setting's value), imports every module of the packages named, then prints what changed;
+# with "install" it calls install() at the end, to show that the comparison sees a change
+SNAPSHOT = textwrap.dedent("""
+  import importlib, json, pkgutil, sys
+  import tinygrad.codegen, tinygrad.codegen.opt.heuristic, tinygrad.engine.jit, tinygrad.engine.realize, tinygrad.renderer.cstyle
+  import tinygrad.runtime.graph.cuda
+  from tinygrad.helpers import ContextVar
+  def state() -> dict:
+    out = {}
+    for name, mod in list(sys.modules.items()):
+      if name.split(".")[0] != "tinygrad": continue
+      for key, value in list(vars(mod).items()):
+        out[f"{name}.{key}"] = id(value)
+        if isinstance(value, type) and value.__module__ == name:
+          out.update({f"{name}.{key}.{k}": id(v) for k, v in list(vars(value).items())})
+    return out | {f"setting {k}": repr(v.value) for k, v in ContextVar._cache.items()}
+  before = state()
+  *packages, install = sys.argv[1:]
+  for top in packages:
+    package = importlib.import_module(top)
+    for m in pkgutil.walk_packages(package.__path__, top + "."):
+      if not m.name.endswith("__main__"): importlib.import_module(m.name)
+  if install == "install": importlib.import_module("ops.patches").install()
+  after = state()
+  print(json.dumps(sorted(k for k in before if after.get(k) != before[k])))
+""")
+
+def changed_by_importing(*then: str) -> list[str]:
+  r = subprocess.run([sys.executable, "-c", SNAPSHOT, "quant", "ops", "models", "profiles", "experiments", "tinyzoo", *then],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+def test_importing_tinyzoo_leaves_tinygrad_untouched():
+  assert changed_by_importing("no") == []
+  changed = changed_by_importing("install")   # the same comparison sees what install() changes
+  assert {"tinygrad.codegen.opt.heuristic.hand_coded_optimizations", "tinygrad.renderer.cstyle.CStyleLanguage.render",
+          "tinygrad.runtime.graph.cuda.CUDAGraph.__init__", "setting PARALLEL"} <= set(changed), changed
+
+def test_install_once_and_only_for_its_tinygrad(monkeypatch):
+  from tinygrad.codegen.opt import heuristic
+  hook = heuristic.hand_coded_optimizations
+  patches.install()
+  assert heuristic.hand_coded_optimizations is hook is patches._hand_coded, "installed once, by the test session"
+  monkeypatch.setattr(patches, "_installed", [])
+  monkeypatch.setattr(patches.importlib.metadata, "version", lambda name: "0.15.0")
+  with pytest.raises(patches.UnsupportedTinygrad, match=r"written for tinygrad 0.14.0, and 0.15.0 is installed: pip install tinygrad==0.14.0"):
+    patches.install()
+
+def test_cli_refuses_another_tinygrad_in_one_line(tmp_path):
+  code = ("import importlib.metadata as m; real = m.version; m.version = lambda n: '0.15.0' if n == 'tinygrad' else real(n); "
+          "import sys; from tinyzoo.cli import main; sys.exit(main(['run', 'smollm2-135m-tiny', '-p', 'hi']))")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={"TINYZOO_CACHE": str(tmp_path),
+                                                                                                    "PATH": "/usr/bin:/bin"})
+  assert r.returncode == 1 and r.stderr.count("\n") == 1 and "tinyzoo: error: tinyzoo's changes to tinygrad are written for tinygrad 0.14.0" \
+    in r.stderr, r.stderr
+
+def test_compiled_programs_are_kept_apart_by_the_settings_in_force(rng):
+  """The same graph compiled under two settings is two programs; under equal settings, one."""
+  from tinygrad.codegen import to_program_cache
+  from quant.matvec_opts import MatvecOpts
+  x = Tensor(rng.standard_normal((64, 48)).astype("float32")).realize()
+  def compiled(settings: KernelSettings | None) -> int:
+    before = len(to_program_cache)
+    jit = TinyJit(lambda t: (t * 3).sum(axis=1).realize())
+    if settings is None:
+      for _ in range(2): jit(x)
+    else:
+      with settings:
+        for _ in range(2): jit(x)
+    return len(to_program_cache) - before
+  first = compiled(KernelSettings(MatvecOpts(8)))
+  assert first >= 1 and compiled(KernelSettings(MatvecOpts(8))) == 0 and compiled(KernelSettings(MatvecOpts(4))) == first
+  assert compiled(KernelSettings(MatvecOpts(8), pdl=True)) == first and compiled(None) == first
