@@ -66,7 +66,7 @@ def prompt_ids(rt: Runtime, n: int) -> list[int]:
 def copy_bandwidth(device: str | None = None) -> float:
   """GB/s (bytes read plus bytes written) of a large copy on the device, the faster of tinygrad's elementwise kernel in JIT
   steady state and the driver's own device-to-device copy, each repeated back to back. 1 GiB off the CPU, so that the
-  host's ~0.1 ms to issue a copy stays small beside the copy itself (256 MiB read 1.6 TB/s on an H100, GPU.md's 3.0)."""
+  host's time to issue a copy stays small beside the copy itself (a 256 MiB one read well under a GPU's rate)."""
   mib = 256 if Device.canonicalize(device).split(":")[0] == "CPU" else 1024
   src = Tensor.ones(mib << 18, dtype=dtypes.float32, device=device).contiguous().realize()
   jit = TinyJit(lambda x: (x + 1).realize())

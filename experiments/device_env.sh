@@ -3,7 +3,7 @@
 # Installs the carried wheels (.whl: tinygrad, gguf; make them with `make device-wheels`), selects tinygrad's CUDA backend,
 # and builds llama.cpp's llama-bench for sm_90 from the carried source (.lcpp/llama.cpp.tgz, `make device-llama-src`) in
 # the background: about 4 minutes on 16 cores, while tinygrad checks and compiles. `llama_bench_ready` waits for it and
-# sets LLAMA_BENCH. experiments/journal.jsonl there becomes a link to $OUT/journal.jsonl, so every record comes back,
+# sets LLAMA_BENCH. Records are journaled into $OUT/journal.jsonl (TINYZOO_JOURNAL), so every record comes back,
 # also from a command cut off at its time limit: merge its new lines here.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DEV=CUDA
@@ -24,6 +24,4 @@ llama_bench_ready() {   # without the carried source (no .lcpp) there is no peer
   else echo "llama-bench did not build:"; tail -5 /tmp/llama_build.log; return 1; fi
 }
 
-if [ -n "${OUT:-}" ] && [ ! -L experiments/journal.jsonl ]; then
-  cp experiments/journal.jsonl "$OUT/journal.jsonl" && ln -sf "$OUT/journal.jsonl" experiments/journal.jsonl
-fi
+if [ -n "${OUT:-}" ]; then export TINYZOO_JOURNAL="$OUT/journal.jsonl"; fi

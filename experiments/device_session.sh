@@ -1,7 +1,7 @@
 # One call on a lent GPU machine (the `device` tool): checks first, then every measurement asked for, in order.
 #   bash experiments/device_session.sh STEP...      (carry [".whl", ".lcpp"]; `make device-wheels device-llama-src` here)
 # Steps:
-#   check               GPU against the CPU reference (experiments/device_reference.json, or device_reference.STRATEGY.json where
+#   check               GPU against the CPU reference (results/device/reference.json, or reference.STRATEGY.json where
 #                       there is one); stops the session on a mismatch
 #   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
@@ -18,7 +18,8 @@
 # (check takes --norm, --kv-layout, --act-in-matmul, --softmax, --pdl and --pdl-prefetch alone; gemv --pdl, --pdl-prefetch,
 # --strategies=S and --gpu-sizes=T,B,R).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
-# Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines here.
+# Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into
+# results/journal.jsonl here.
 set -uo pipefail
 STRATEGY=${STRATEGY:-packed_words} TOKENS=${TOKENS:-128}
 SIZES=${SIZES:-"32,2,4,0 64,1,4,0 16,4,4,0 32,2,4,1 64,1,4,1 16,4,4,1 128,1,4,1 32,2,2,1 64,1,2,1 32,2,8,1 64,1,8,1 16,4,8,1 32,2,4,2 64,1,4,2 16,4,4,2 32,2,8,2"}
@@ -51,8 +52,8 @@ for item in "$@"; do
   case $step in
     synth:*) out=$(model_path "${step#synth:}")
              [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
-    check) ref=experiments/device_reference.json   # a strategy that rounds activations its own way has a reference of its own
-           [ -f "experiments/device_reference.$STRATEGY.json" ] && ref="experiments/device_reference.$STRATEGY.json"
+    check) ref=results/device/reference.json   # a strategy that rounds activations its own way has a reference of its own
+           [ -f "results/device/reference.$STRATEGY.json" ] && ref="results/device/reference.$STRATEGY.json"
            python3 -m experiments.device_check --against "$ref" --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" "${flags[@]}" || status=1 ;;

@@ -51,10 +51,9 @@ def _bench_model(path: os.PathLike, chosen: list[str], iters: int, batch: int, r
 # the largest error of the first weight's output against float64 numpy, relative to its largest value, that counts as
 # correct: float32 sums (and the fp16 weights of dequant_cache) stay near 1e-4, a kernel that drops or repeats work is off by O(1)
 GEMV_TOLERANCE = 1e-3
-# weights a gemv reads in turn by default: 20x an H100's L2, as a model's weights outgrow it, and a replay (~0.4 ms at a
-# copy's rate) long enough to hide the host's ~0.2 ms to issue it: at 256 MiB (29 Q4_0 8192x2048 weights) the same kernel
-# read 7.4 us or 8.7-9.7 us from one run to the next, host-bound in the second case. At most MAX_COPIES weights, each a
-# kernel to schedule (300-500 took ~20 s a size on the H100's host): weights under about 100 KB then stay in L2
+# weights a gemv reads in turn by default: many times a GPU's L2, as a model's weights outgrow it, and a replay long enough
+# to hide the host's time to issue it (with a quarter of it, the same kernel's time moved from one run to the next,
+# host-bound at times). At most MAX_COPIES weights, each a kernel to schedule: weights under about 100 KB then stay in L2
 CACHE_BEATING_BYTES = 1 << 30
 MAX_COPIES = 512
 COPY_GRAIN = 1 << 14
@@ -71,7 +70,7 @@ def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
   as the gemv's weights are: what a kernel moving one weight's bytes reaches here with its launch, ramp and drain, which
   a large copy hides."""
   # whole 16 KiB chunks, not a multiple of 3 of them: tinygrad's heuristic upcasts an elementwise kernel by 3 where it
-  # can, and 9.4 MB of Q4_0 (2^18 x 9 words) was copied a word a load at 43% of a large copy's rate
+  # can, and a Q4_0 weight's 2^18 x 9 words were copied a word a load, far below a large copy's rate
   chunks = max(1, nbytes // COPY_GRAIN)
   words = (chunks - (chunks > 1 and chunks % 3 == 0)) * COPY_GRAIN // 4
   srcs = [Tensor.zeros(words, dtype=dtypes.uint32).contiguous().realize() for _ in range(copies)]
@@ -113,7 +112,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
       m = steady_state(step, x, iters=iters)
       err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
     compiled_shapes = kernels.heuristic.compiled_shapes if kernels.heuristic is not None else []
-    gb_s = read / m.pipelined_ms / 1e6   # device time: the host's ~0.1 ms per synchronized call would swamp small weights
+    gb_s = read / m.pipelined_ms / 1e6   # device time: the host's time per synchronized call would swamp small weights
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {}),
                 **({"pdl_prefetch": True} if pdl and prefetch else {})}
     records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,

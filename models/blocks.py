@@ -15,7 +15,7 @@ from models.weights import Weights
 def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | NormedInput:
   """The RMS norm a matmul reads, by the `norm` hint. fused: the matmul computes the normalization inside, a kernel of
   its own summing x's squares first. break: the normalized x is a buffer of its own, so that the matvec reads one plain
-  vector rather than x and the norm weight (on an H100 Llama-3.2-1B decodes 1.45x faster so), at one small kernel more.
+  vector rather than x and the norm weight (faster on a GPU: the journal), at one small kernel more.
   single: realized as with break, but by one kernel (its squares summed again for each output, ops/norm.py) where x
   is one row; a prefill's rows as with break. fold: the matmuls that can sum the squares beside their dots do
   (QuantLinear.normed), at one kernel less; other readers compute the norm from the NormedInput."""
@@ -30,14 +30,13 @@ def sums_per_output(mode: str, x: Tensor | NormedInput) -> bool:
 
 def down_input(h: Tensor, realize: bool) -> Tensor:
   """The FFN activation the down matmul reads; with `realize` (`act_break`, the default) a buffer of its own. Computed
-  inside the matvec, the activation (an exp per element) is recomputed by every group of rows that reads it: gpt-oss-20b's
-  down experts, timed launched alone on an H100, read 172 GB/s, a third of its gate and up experts' rate."""
+  inside the matvec, the activation (an exp per element) is recomputed by every group of rows that reads it."""
   return h.contiguous() if realize else h
 
 def gated_down_input(activation: Gated, gate_up: Tensor, one_token: bool, act_break: bool, act_in_matmul: bool) -> Tensor:
   """The down matmul's input from joined gate and up rows [..., 2F] (gate first). With `act_in_matmul` (and act_break)
   it is realized by their matmul's kernel, which sums each gate and up row pair; one token's rows only: a prefill's
-  pair kernel is no matvec to the GPU opts (H100, llama3.2-1b: 2311 -> 1367 prefill tok/s)."""
+  pair kernel is no matvec to the GPU opts, and prefill slowed."""
   if act_break and act_in_matmul and one_token: return activation.of_pairs(gate_up.unflatten(-1, (2, -1))).contiguous()
   return down_input(activation(*gate_up.chunk(2, dim=-1)), act_break)
 

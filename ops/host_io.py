@@ -1,8 +1,8 @@
 """The few values that cross between host and device during decoding (token ids in, the sampled ids out, the sampler's
 random draws and recent tokens), moved without tinygrad's scheduler.
 
-`Tensor(list).realize()` schedules and runs a copy: 1.6-5 ms on this repo's CI-class CPU, and three of them per token
-were more than half of a decode step on an H100. A `DeviceSlot` is allocated once and written and read straight
+`Tensor(list).realize()` schedules and runs a copy, milliseconds of host time each, which per token would outweigh a
+GPU's decode step. A `DeviceSlot` is allocated once and written and read straight
 through its buffer's allocator; allocators order these copies with the device's own queue (tinygrad's copies use the
 same calls), so a write lands after the kernels already launched that read the slot, and a read waits for the kernels
 that wrote it.

@@ -16,8 +16,8 @@ window of recent tokens, and a TinyJit of `sample`. The same seed and the same l
 
 The sampled token stays on the device: the JIT writes it to a ring of the last tokens there, which is also the repeat
 penalty's window, and returns it as the next decode step's input. The host queues steps without waiting and reads the
-ring once per batch of steps (`collect`): a read per token costs a whole host round trip, 0.35 of llama3.2-1b's 1.58 ms
-a token on an H100. The u of the coming steps are drawn in step order and written before the batch (`prepare`).
+ring once per batch of steps (`collect`): a read per token costs a whole host round trip, a large share of a small
+model's step on a GPU. The u of the coming steps are drawn in step order and written before the batch (`prepare`).
 The top-k and top-p thresholds come from a multi-way search over the logit range instead of a sort of the vocabulary:
 each pass tests _WAYS thresholds at once and keeps the highest that still passes, so the threshold is exact unless two
 logits lie within range / _WAYS**_PASSES of each other (then the lower one is kept too).
@@ -59,9 +59,9 @@ def first_argmax(x: Tensor) -> Tensor:
   each value and its index become one float64 key, an integer below 2^53 so exact, whose maximum is the largest value
   at its lowest index (the float's bits made order-preserving, times 2^21, minus the index). The first kernel takes
   the maxima of groups of at least 16 values, up to 8192 groups: a GPU thread walks a group alone, one load after the
-  other, so long groups are slow (512 groups of 251 values took 120 us of an H100's decode step) and few groups
-  leave it idle. The groups are a multiple of 256 (padded), so that tinygrad splits the second kernel's max over 256
-  threads: 8044 groups (GPT-OSS's 201088 values) left it to one thread, 90 us of an H100's decode step. Keys are float64,
+  other, so long groups are slow and few groups leave it idle. The groups are a multiple of 256 (padded), so that
+  tinygrad splits the second kernel's max over 256 threads: GPT-OSS's 8044 groups of its 201088 values left it to one
+  thread. Keys are float64,
   not int64: tinygrad writes int64's max identity as a literal C compilers warn about."""
   n, span = max(16, math.ceil(x.shape[-1] / 8192)), float(1 << 21)
   groups = math.ceil(x.shape[-1] / n / 256) * 256

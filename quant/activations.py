@@ -3,7 +3,7 @@
 ggml multiplies a quantized weight with activations quantized to a "vec_dot" type: Q8_0 (32-blocks, fp16 scale) for
 Q4_0, Q5_0, Q8_0 and MXFP4; Q8_1 (the same values, plus a block sum) for Q4_1; Q8_K (256-blocks, fp32 scale from the
 signed extreme value) for the K-quants; the weight's own float type for F16 and BF16. Matching llama.cpp to the last
-logit needs the same rounding: without it, near-ties at ~1% of the logit scale can flip. Here x is replaced by its
+logit needs the same rounding: without it, near-ties can flip. Here x is replaced by its
 rounded value (q * d), which gives the same dot products as ggml's integer ones up to float summation order.
 Rounding is to nearest-even, as ggml's x86 paths do.
 """

@@ -4,7 +4,7 @@ llama.cpp's CUDA matvecs quantize x to 8 bits a 32-element block (its q8_1, the 
 Q8_0) in a kernel of their own, then multiply a weight's integer quants with x's four at a time (`__dp4a`). Against a
 float matvec that reads 32 bytes of x for every 4 bytes of Q4_0 weight and spends about three instructions a weight
 decoding and multiplying, it reads 8 and spends about one for four weights: the two costs that kept float Q4_0 gemvs
-near 45% of a copy on an H100 (experiments/gpu_notes.md). Each word's integer dot is converted to float once and scaled
+well below a copy's rate on a GPU (results/gpu_notes.md). Each word's integer dot is converted to float once and scaled
 by both blocks' scales.
 
 Word j of a 4-bit block holds elements 4j + k in its low nibbles and 16 + 4j + k in its high ones (quant/words.py): the

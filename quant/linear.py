@@ -130,8 +130,8 @@ class QuantLinear(_PackedWeight):
   def normed(self, n: NormedInput) -> Tensor:
     """self(n.value()), with the norm folded into a matvec (one row of x) where the weights are words or floats read as
     stored and activations exact: each row's dot with x * weight is scaled by 1/rms(x) afterwards, the sum of squares
-    coming from the same reduce. A matmul of several rows (a prefill) reads the norm as before: tinygrad's GPU heuristic handles its
-    [rows, positions, 2] output badly (an H100 prefilled 10x slower)."""
+    coming from the same reduce. A matmul of several rows (a prefill) reads the norm as before: tinygrad's GPU heuristic
+    handles its [rows, positions, 2] output badly."""
     if not self._folds(n): return self(n.value())
     y = self._normed_dot(n)
     return (y if self.bias is None else y + self.bias).cast(n.x.dtype)

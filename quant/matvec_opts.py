@@ -110,8 +110,8 @@ def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
   size that one input is indexed by (the weights) and another is broadcast along (the activations); besides it only
   short output axes (the experts a MoE token uses, each reading its own expert's rows; gate and up of joined rows).
-  A lone output axis is the rows whatever its size: a MoE router has as many rows as experts (32 for GPT-OSS), which
-  tinygrad's heuristic gave 16 threads a row, each walking 180 columns in turn (25 us of an H100's 160 a block)."""
+  A lone output axis is the rows whatever its size: a MoE router has as many rows as experts, which tinygrad's
+  heuristic gave 16 threads a row, each walking its columns in turn."""
   if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or not k.axes_of(AxisType.REDUCE): return None
   if not all(isinstance(s, int) for s in k.full_shape): return None
   outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if k.full_shape[a] > 1]
@@ -271,20 +271,18 @@ def rule_gpu_sizes(k: Scheduler) -> Sizes:
 
 def integer_gpu_sizes(steps: int) -> Sizes:
   """An int8_dot matvec (its dp4a a custom op): a row of `steps` blocks over half as many threads (two blocks a thread),
-  at most 128, one row a thread, workgroups of at least 128 threads. On an H100: Q4_0 8192x2048 at 32,4,1 4.8 us a
-  weight, 72% of a copy (f65f19b), against 5.8 us at the flat reduce's 32,2,4 and 4.8-6.6 us at ten other sizes; 2048x8192
-  at 128,1,1 5.1 us, 65%, against 5.3-9.5 us at four others, 6.5 us at 32,4,1 (f3aba30)."""
+  at most 128, one row a thread, workgroups of at least 128 threads: the fastest of the sizes swept on a GPU for short
+  and for long rows (the journal's int8_dot gemv records)."""
   threads = min(128, max(1, steps // 2))
   return threads, max(1, 128 // threads), 1
 
 def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
   reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`. A row of a pair
-  product of weight rows is two sums: half the rows a thread for each of its `pairs` (llama3.2-1b with softmax self on
-  an H100: its gate and up pairs at 64,1,4,2 777.4 tok/s, at 64,1,2,2 1079.6). A folded norm's `squares` (of x, shared
-  by a thread's rows) halve them only up to 2048 rows, whose kernels need the workgroups (on an H100 gemma3-270m's
-  folded q/k/v, 1536 rows, at 64,1,1,2 1673.8 tok/s against 1388.3 and 990.7 at 64,1,2,2; gpt-oss-20b's, 5120 rows,
-  at 64,1,4,4 with its folded gate and up experts at 64,1,2,2 336.7, against 310.2 at 64,1,2,4 and 64,1,1,2)."""
+  product of weight rows is two sums: half the rows a thread for each of its `pairs` (a thread of as many rows as a
+  plain matvec's spilled its registers). A folded norm's `squares` (of x, shared by a thread's rows) halve them only up
+  to 2048 rows, whose kernels need the workgroups; larger ones keep a plain matvec's rows (each faster so in models on a
+  GPU: results/gpu_notes.md)."""
   if word:
     half = 2 if rows <= 2048 else 1
     span = max(1, SPAN_ELEMENTS // half // word)
@@ -312,8 +310,8 @@ def gpu_chunked_reduce(k: Scheduler) -> Scheduler | None:
 def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   """A kernel whose outermost reduce runs over short constant axes around sums of their own (the attention logits with
   a key norm, ops/attention.py: a product over a dot and squares summed in one, and under softmax self a sum over each
-  key and the query's own): tinygrad's heuristic splits no sum inside another over threads, and gave each thread 64
-  positions' sums of 256 elements in turn (gemma3-270m on an H100: 3.44 ms a token against 0.77). This unrolls the
+  key and the query's own): tinygrad's heuristic splits no sum inside another over threads, and gave each thread a
+  chunk's positions' sums over the whole head in turn. This unrolls the
   short reduces, GROUPs each long sum's longest axis over CHUNK_THREADS threads, then lets the heuristic do the rest.
   None for other kernels."""
   if k.reduceop is None: return None
@@ -332,8 +330,8 @@ LOGIT_LANES, LOGIT_POSITIONS = 8, 16
 def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
   over the valid part of a KV cache, ops/attention.py). tinygrad's heuristic merged the chunks into one launch axis
-  with the kv heads: gpt-oss-20b's logits ran as 6 workgroups, each thread rotating a key again for each query head
-  that reads it (27 us a block on an H100). This gives a thread one position's logits for all the query heads of its
+  with the kv heads: gpt-oss-20b's logits ran as a few workgroups, each thread rotating a key again for each query
+  head that reads it. This gives a thread one position's logits for all the query heads of its
   group (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements of a head
   (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum (a
   rotation's pair axis, then up to 4 elements a thread). None for other kernels."""

@@ -282,7 +282,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s for the floor (default: a copy measured now)")
   s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement")
   s.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
-  s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (a9069c177a works)")
+  s.add_argument("--tinygrad-src", metavar="DIR", help="also measure tinygrad's own LLM app from this tinygrad source tree (README "
+                 "names a commit that works)")
   add_journal_options(s)
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
   add_model_options(s)
