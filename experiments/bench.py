@@ -96,9 +96,10 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   timed = steps[2 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
   # the same steps queued back to back at one position, never read: the device's time per step where the host keeps ahead
-  chain = [sampler.queue(logits)]
-  def step(): chain[0] = sampler.queue(rt.decode(chain[0], cfg.prompt_tokens))
-  issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
+  with rt.kernels:
+    chain = [sampler.queue(logits)]
+    def step(): chain[0] = sampler.queue(rt.decode(chain[0], cfg.prompt_tokens))
+    issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
   matvecs = rt.kernels.heuristic

@@ -15,10 +15,9 @@ from tinygrad import Device
 from ops.kernels import replay_kernels
 from models.catalog import resolve_model
 from quant.files import file_sha256
-from ops.attention import LAYOUTS, SOFTMAXES
-from ops.norm import NORMS
 from models.runtime import Runtime
-from profiles.hints import resolve
+from profiles.device import device_profile, tuned_sizes
+from profiles.hints import add_flags, given, resolve
 from ops.sampling import Sampler, SamplerParams
 
 LOGITS_RTOL = 1e-3   # float32 on both sides: only the order of the sums differs
@@ -41,16 +40,18 @@ def run(rt: Runtime, ids: list[int], greedy: int) -> tuple[np.ndarray, list[int]
   logits = rt.prefill(ids)
   return logits.numpy()[0].astype(np.float64), list(rt.continue_from(logits, len(ids), greedy, Sampler(SamplerParams(temperature=0))))
 
-def runtime(preset: str, ctx: int, device: str, strategy: str = "packed_dot", **hints) -> tuple[Runtime, str]:
-  """The preset's runtime with kernel hints (norm, kv_layout, act_in_matmul, softmax, pdl) other than the reference's defaults."""
+def runtime(preset: str, ctx: int, device: str, hints: dict) -> tuple[Runtime, str]:
+  """The preset's runtime with these kernel hints over the built-in ones, and the device profile's GPU matvec sizes."""
   path = resolve_model(preset)
-  return Runtime(path, resolve({"strategy": strategy, **hints}), ctx, device), file_sha256(path)
+  return Runtime(path, resolve(hints, matvec_sizes=tuned_sizes(device_profile()[0])), ctx, device), file_sha256(path)
 
-def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int, strategy: str = "packed_dot") -> None:
-  seed = random.SystemRandom().randrange(1 << 31)
+def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: int, hints: dict | None = None) -> None:
+  """Writes the CPU's logits and greedy tokens for fresh random prompts through the presets, with `hints` (the strategy
+  above all: int8_dot rounds activations its own way and needs a reference of its own)."""
+  seed, strategy = random.SystemRandom().randrange(1 << 31), resolve(hints).strategy
   rng, cases = random.Random(seed), []
   for preset in presets:
-    rt, sha = runtime(preset, prompt_len + greedy + 1, "CPU", strategy)
+    rt, sha = runtime(preset, prompt_len + greedy + 1, "CPU", hints or {})
     for _ in range(prompts):
       ids = [rng.randrange(rt.cfg.vocab_size) for _ in range(prompt_len)]
       logits, tokens = run(rt, ids, greedy)
@@ -60,13 +61,14 @@ def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: in
   os.replace(tmp, out)
   print(f"wrote {len(cases)} CPU cases ({strategy}, prompt seed {seed}) to {out}")
 
-def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -> tuple[bool, int]:
-  """Whether every case of the reference matches on `device`, and the programmatic edges its graphs were built with."""
+def against(ref_path: str, device: str, hints: dict | None = None) -> tuple[bool, int]:
+  """Whether every case of the reference matches on `device` with `hints`, and the programmatic edges its graphs were
+  built with."""
   with open(ref_path) as f: ref = json.load(f)
   ok, runtimes = True, {}
   for case in ref["cases"]:
     if case["preset"] not in runtimes:
-      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, strategy, **hints)
+      runtimes[case["preset"]] = runtime(case["preset"], len(case["ids"]) + len(case["greedy"]) + 1, device, hints or {})
     rt, sha = runtimes[case["preset"]]
     if sha != case["sha256"]:
       raise SystemExit(f"{case['preset']}: the file made here differs from the reference's (sha256 {sha[:12]} against {case['sha256'][:12]})")
@@ -76,7 +78,8 @@ def against(ref_path: str, device: str, strategy: str = "packed_dot", **hints) -
     good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and tokens == case["greedy"]
     ok &= good
     greedy = "identical" if tokens == case["greedy"] else f"{tokens} against {case['greedy']}"
-    print(f"{case['preset']} on {device} ({', '.join([strategy, *(f'{n} {v}' for n, v in hints.items())])}) against CPU: logits rel err {rel:.2e}, "
+    print(f"{case['preset']} on {device} ({', '.join(f'{n} {v}' for n, v in (hints or {}).items()) or 'built-in hints'}) against CPU: "
+          f"logits rel err {rel:.2e}, "
           f"argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
           f"{greedy}, {graph_batches(rt)} graph launches per "
           "decode step, position-dependent launch sizes in %d kernels (%d of them 0 at position 0): " % position_dependent(rt)
@@ -91,26 +94,16 @@ def main() -> None:
   mode.add_argument("--save", metavar="FILE", help="run the presets on the CPU and write the reference")
   mode.add_argument("--against", metavar="FILE", help="run a reference's cases on --device and compare")
   p.add_argument("--device", default=Device.DEFAULT, help="the device checked (default: tinygrad's default)")
-  p.add_argument("--strategy", default="packed_dot", help="matmul strategy spec of the reference saved, or checked against it (default "
-                 "packed_dot; int8_dot rounds activations as ggml does, so it needs a reference of its own)")
-  p.add_argument("--norm", choices=NORMS, default="fused", help="how matmuls read an RMS norm on the device checked (default fused, as "
-                 "the CPU reference)")
-  p.add_argument("--kv-layout", choices=LAYOUTS, default="heads", help="the KV cache layout on the device checked (default heads, as the "
-                 "CPU reference)")
-  p.add_argument("--act-in-matmul", action="store_true", help="the FFN activation computed by the gate and up matmul's kernel")
-  p.add_argument("--softmax", choices=SOFTMAXES, default="max", help="attention's softmax stabilizer (default max, as the CPU reference)")
-  p.add_argument("--pdl", action="store_true", help="graphs chained by programmatic dependent launch (ops/cuda_graph.py)")
-  p.add_argument("--pdl-prefetch", action="store_true", help="with --pdl: each workgroup asks the L2 for its kernel's fixed reads first")
+  add_flags(p)
   p.add_argument("--prompts", type=int, default=2, help="random prompts per preset (default 2)")
   p.add_argument("--prompt-len", type=int, default=40, help="tokens per prompt: past 32 the prefill JIT runs too (default 40)")
   p.add_argument("--greedy", type=int, default=8, help="greedy tokens compared; the decode JIT replays from the third (default 8)")
   a = p.parse_args()
   if a.save:
     if not a.presets: p.error("--save needs presets")
-    save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy, a.strategy)
+    save(a.presets, a.save, a.prompts, a.prompt_len, a.greedy, given(a))
   else:
-    ok, edges = against(a.against, a.device, a.strategy, norm=a.norm, kv_layout=a.kv_layout, act_in_matmul=a.act_in_matmul,
-                        softmax=a.softmax, pdl=a.pdl or a.pdl_prefetch, pdl_prefetch=a.pdl_prefetch)
+    ok, edges = against(a.against, a.device, given(a))
     if a.pdl:   # a check of kernels chained by programmatic launch that made none is no check of it
       print(f"programmatic edges built: {edges}" + ("" if edges else " (PDL NOT IN EFFECT)"))
       ok &= edges > 0

@@ -15,21 +15,15 @@ from quant.linear import STRATEGIES, QuantLinear
 from quant.formats import FORMATS
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
-from quant.matvec_opts import MatvecOpts, Sizes
+from quant.matvec_opts import Sizes, kernel_settings
 from experiments.steady import steady_state
 from ops import patches
-from ops.patches import KernelSettings
-
-def settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forced: Sizes | None = None, pdl: bool = False,
-             prefetch: bool = False) -> KernelSettings:
-  """The kernel settings of a matvec measurement: a model's, with GPU matvec sizes `forced` where a sweep gives them."""
-  patches.install()
-  return KernelSettings(MatvecOpts.of(row_upcast, tuned or {}, forced) if row_upcast else None, pdl, pdl and prefetch)
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
   chosen = [s.strip() for s in strategies.split(",") if s.strip()]
   if (bad := [s for s in chosen if s not in STRATEGIES]): raise ValueError(f"unknown strategy {bad[0]!r} (choose from {', '.join(STRATEGIES)})")
-  with settings(row_upcast): _bench_model(path, chosen, iters, batch, row_upcast)
+  patches.install()
+  with kernel_settings(row_upcast): _bench_model(path, chosen, iters, batch, row_upcast)
 
 def _bench_model(path: os.PathLike, chosen: list[str], iters: int, batch: int, row_upcast: int) -> None:
   g = GGUFFile(path)
@@ -90,6 +84,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   once a replay for all the weights (a kernel of its own, as a model's matmuls reading one x share it) and the output is
   checked against x rounded as ggml rounds it."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
+  patches.install()
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
   copies = copies or default_copies(t, rows, cols)
   raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
@@ -108,7 +103,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
   copy_at_size, copy_at_size_us = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
-    with (kernels := settings(row_upcast, tuned, sizes, pdl, prefetch)):   # one kernel per weight, as in a model
+    with (kernels := kernel_settings(row_upcast, tuned, sizes, pdl, prefetch)):   # one kernel per weight, as in a model
       m = steady_state(step, x, iters=iters)
       err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
     compiled_shapes = kernels.heuristic.compiled_shapes if kernels.heuristic is not None else []

@@ -19,8 +19,6 @@ def tensors(cfg: ModelConfig, g) -> list[TensorDef]:
   moe = moe_config(g)
   return llama.tensors(cfg, g, lambda b: moe.tensors(b, cfg.dim))
 
-metadata = llama.metadata
-
 def build(w: Weights, cfg: ModelConfig, max_context: int) -> Transformer:
   moe = moe_config(w.g)
   return llama.build(w, cfg, max_context, ffn=lambda i: MoE(w, f"blk.{i}", moe, swiglu))

@@ -15,11 +15,10 @@ from models.tokenizer import Tokenizer
 from models.weights import Weights
 from ops import patches
 from ops.host_io import DeviceSlot
-from ops.patches import KernelSettings
 from ops.sampling import READBACK, Sampler
 from profiles.hints import Hints, resolve
 from quant.gguf_file import GGUFFile
-from quant.matvec_opts import MatvecOpts, forced_from_env
+from quant.matvec_opts import kernel_settings
 
 DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = 32
@@ -39,25 +38,25 @@ class Timing:
   @property
   def decode_s(self) -> float: return sum(self.steps)
 
-def kernel_settings(hints: Hints) -> KernelSettings:
-  """How a runtime with these hints compiles its kernels and builds its graphs."""
-  opts = MatvecOpts.of(hints.row_upcast, dict(hints.matvec_sizes), forced_from_env()) if hints.row_upcast else None
-  return KernelSettings(opts, hints.pdl, hints.pdl and hints.pdl_prefetch, hints.beam, hints.jit_batch_size)
-
 class Runtime:
+  """A model file built with `hints` (by default the built-in ones: the command line resolves a model's from its flags,
+  the device profile and the file's manifest, profiles/device.py resolve_hints), a KV cache of `max_context` positions."""
   def __init__(self, path: str | os.PathLike, hints: Hints | None = None, max_context: int | None = None, device: str | None = None,
                progress: bool = False):
     patches.install()
     self.hints = hints or resolve()
-    self.kernels = kernel_settings(self.hints)
+    h = self.hints
+    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size)
     self.gguf = GGUFFile(path)
     arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
+    try: spec = by_name(arch.tensors(self.cfg, self.gguf))
+    except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:
-      self.weights = Weights(self.gguf, self.hints, by_name(arch.tensors(self.cfg, self.gguf)), device, progress)
+      self.weights = Weights(self.gguf, self.hints, spec, device, progress)
       self.model = arch.build(self.weights, self.cfg, self.max_context)
     self.device = device
     self._decode = TinyJit(self._forward)

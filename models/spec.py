@@ -67,7 +67,7 @@ def qk_norms(b: str, cfg: ModelConfig) -> list[TensorDef]: return [norm(f"{b}.at
 
 def feed_forward(b: str, dim: int, ffn_dim: int | None, suffix: str = "") -> list[TensorDef]:
   """gate, up and down of a gated FFN (suffix "_shexp": shared experts)."""
-  if ffn_dim is None: raise ValueError(f"{b}: a dense feed-forward needs feed_forward_length in the metadata")
+  if ffn_dim is None: raise ValueError(f"missing metadata key 'feed_forward_length', which {b}'s dense feed-forward needs")
   return [*matmul(f"{b}.ffn_gate{suffix}", ffn_dim, dim), *matmul(f"{b}.ffn_up{suffix}", ffn_dim, dim),
           *matmul(f"{b}.ffn_down{suffix}", dim, ffn_dim)]
 

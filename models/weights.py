@@ -27,6 +27,7 @@ class Weights:
 
   def _load(self, name: str) -> QTensor:
     if name not in self.g.tensors: raise self.g.fail(f"missing tensor {name!r}")
+    if name not in self.spec: raise self.g.fail(f"tensor {name!r} is none that a {self.g.architecture} file holds (models/spec.py)")
     if (have := self.g.tensors[name].shape) != (shape := self.spec[name].shape):
       raise self.g.fail(f"tensor {name!r} has shape {have}, but the metadata implies {shape}")
     self.bar.update()

@@ -18,23 +18,24 @@ import ctypes
 import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
-import tinygrad.codegen as codegen
-import tinygrad.engine.jit as tinygrad_jit
-import tinygrad.engine.realize as tinygrad_realize
-from tinygrad.codegen.opt import heuristic
-from tinygrad.helpers import PARALLEL, Context
-from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
-from tinygrad.uop.ops import ProgramInfo
-from ops import cuda_graph, dp4a
 
 TINYGRAD = "0.14.0"   # the version these changes are written for
 
 class UnsupportedTinygrad(ValueError): pass
 
-# tinygrad's own functions, taken before anything here replaces them
-tinygrad_heuristic = heuristic.hand_coded_optimizations
-_program_key, _launch_dims, _render = codegen.to_program_key, ProgramInfo.launch_dims, CStyleLanguage.render
-_render_kernel = CUDARenderer.render_kernel
+def check_tinygrad() -> None:
+  """UnsupportedTinygrad (one line) unless the installed tinygrad is TINYGRAD."""
+  if (version := importlib.metadata.version("tinygrad")) != TINYGRAD:
+    raise UnsupportedTinygrad(f"tinyzoo's changes to tinygrad are written for tinygrad {TINYGRAD}, and {version} is installed: "
+                              f"pip install tinygrad=={TINYGRAD}")
+
+# tinygrad's own functions, taken by install() before it replaces them
+_originals: dict[str, Any] = {}
+
+def tinygrad_heuristic(k):
+  """tinygrad's own hand-coded opts for a kernel, whether or not install() has put the hook in their place."""
+  from tinygrad.codegen.opt import heuristic
+  return _originals.get("heuristic", heuristic.hand_coded_optimizations)(k)
 
 @dataclass(frozen=True)
 class KernelSettings:
@@ -53,9 +54,10 @@ class KernelSettings:
   @property
   def compile_key(self) -> tuple:
     """What compiled programs depend on besides their graph."""
-    return (self.heuristic, self.pdl, self.pdl and self.pdl_prefetch)
+    return (self.heuristic, self.pdl, self.pdl_prefetch)
 
   def __enter__(self) -> "KernelSettings":
+    from tinygrad.helpers import Context
     tinygrad = Context(**{k.upper(): v for k, v in (("beam", self.beam), ("jit_batch_size", self.jit_batch_size)) if v is not None})
     tinygrad.__enter__()
     _active.append((self, tinygrad))
@@ -65,7 +67,7 @@ class KernelSettings:
     _, tinygrad = _active.pop()
     tinygrad.__exit__(*exc)
 
-_active: list[tuple[KernelSettings, Context]] = []
+_active: list[tuple[KernelSettings, Any]] = []
 
 def active() -> KernelSettings | None:
   """The kernel settings in force, or None."""
@@ -77,29 +79,33 @@ def _hand_coded(k):
 
 def _key(ast, renderer) -> tuple:
   settings = active()
-  return (*_program_key(ast, renderer), None if settings is None else settings.compile_key)
+  return (*_originals["program_key"](ast, renderer), None if settings is None else settings.compile_key)
 
 def _render_with_dp4a(self, uops) -> str:
-  source = _render(self, uops)
+  from ops import dp4a
+  source = _originals["render"](self, uops)
   return f"{dp4a.definition(self)}\n{source}" if dp4a.NAME + "(" in source else source
 
 def _render_with_entry(self, function_name, kernel, bufs, uops, prefix=None) -> str:
+  from ops import cuda_graph
   settings = active()
   if settings is not None and settings.pdl and cuda_graph.sm(self.target.arch) >= 90:
     prefetch = cuda_graph.prefetch_lines(cuda_graph.prefetched_buffers(bufs, uops)) if settings.pdl_prefetch else []
     kernel = [cuda_graph.ENTRY[0], *prefetch, cuda_graph.ENTRY[1], *kernel]
-  return _render_kernel(self, function_name, kernel, bufs, uops, prefix)
+  return _originals["render_kernel"](self, function_name, kernel, bufs, uops, prefix)
 
-def _launch_dims_at_least_one(self: ProgramInfo, var_vals: dict[str, int]):
-  global_size, local_size = _launch_dims(self, var_vals)
+def _launch_dims_at_least_one(self, var_vals: dict[str, int]):
+  global_size, local_size = _originals["launch_dims"](self, var_vals)
   return tuple(max(1, d) for d in global_size), None if local_size is None else tuple(max(1, d) for d in local_size)
 
 @contextlib.contextmanager
 def valid_build_dims() -> Iterator[None]:
   """Launch sizes evaluated inside are at least 1 in every dimension (CUDA rejects a grid of 0)."""
+  from tinygrad.uop.ops import ProgramInfo
+  _originals.setdefault("launch_dims", ProgramInfo.launch_dims)
   ProgramInfo.launch_dims = _launch_dims_at_least_one   # type: ignore[method-assign]
   try: yield
-  finally: ProgramInfo.launch_dims = _launch_dims       # type: ignore[method-assign]
+  finally: ProgramInfo.launch_dims = _originals["launch_dims"]   # type: ignore[method-assign]
 
 @contextlib.contextmanager
 def programmatic_edges(graph: Any, cuda: Any, counter: list[int]) -> Iterator[None]:
@@ -111,6 +117,7 @@ def programmatic_edges(graph: Any, cuda: Any, counter: list[int]) -> Iterator[No
     yield
     return
   add_dependencies.argtypes, add_dependencies.restype = [ctypes.c_void_p] * 4 + [ctypes.c_size_t], ctypes.c_int
+  from ops import cuda_graph
   waiting: dict[int | None, bool] = {}
 
   def waits(func: int | None) -> bool:
@@ -132,11 +139,18 @@ _installed: list[bool] = []
 def install() -> None:
   """Makes every change above, once per process; UnsupportedTinygrad (one line) for a tinygrad other than TINYGRAD."""
   if _installed: return
-  if (version := importlib.metadata.version("tinygrad")) != TINYGRAD:
-    raise UnsupportedTinygrad(f"tinyzoo's changes to tinygrad are written for tinygrad {TINYGRAD}, and {version} is installed: "
-                              f"pip install tinygrad=={TINYGRAD}")
+  check_tinygrad()
+  import tinygrad.codegen as codegen
+  import tinygrad.engine.realize as realize
+  from tinygrad.codegen.opt import heuristic
+  from tinygrad.helpers import PARALLEL
+  from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
+  from tinygrad.uop.ops import ProgramInfo
+  from ops import dp4a
+  _originals.update(heuristic=heuristic.hand_coded_optimizations, program_key=codegen.to_program_key, render=CStyleLanguage.render,
+                    render_kernel=CUDARenderer.render_kernel, launch_dims=ProgramInfo.launch_dims)
   heuristic.hand_coded_optimizations = _hand_coded
-  codegen.to_program_key = tinygrad_realize.to_program_key = _key
+  codegen.to_program_key = realize.to_program_key = _key
   PARALLEL.value = 0
   codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
@@ -152,11 +166,13 @@ def install() -> None:
 @contextlib.contextmanager
 def replays_through(run: Callable[..., None]) -> Iterator[None]:
   """While in force, every TinyJit replay calls `run` (with run_linear's arguments) instead of tinygrad's run_linear."""
-  original = tinygrad_jit.run_linear
-  tinygrad_jit.run_linear = run
+  import tinygrad.engine.jit as jit
+  original = jit.run_linear
+  jit.run_linear = run
   try: yield
-  finally: tinygrad_jit.run_linear = original
+  finally: jit.run_linear = original
 
 def forget_compiled() -> None:
   """Drops every compiled program, so that the next kernels compile afresh (a measured compile time)."""
+  import tinygrad.codegen as codegen
   codegen.to_program_cache.clear()

@@ -10,6 +10,7 @@ command line to the runtime, the weights and the blocks that read it; bench reco
 HINTS plus the code that reads it: the flags, `tinyzoo hints`, experiment switches and records all follow HINTS.
 Hints marked `run_only` (rounding, skip: they change results or the model, not only speed) are set at run time only.
 """
+import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,3 +175,20 @@ def from_manifest(g: GGUFFile) -> dict[str, Any]:
 def manifest_entries(hints: dict[str, Any]) -> dict[str, Any]:
   """The metadata entries (`tinyzoo.hints.<name>`) that carry `hints` as a model's manifest, each checked."""
   return {MANIFEST_PREFIX + name: check(name, value, "manifest") for name, value in hints.items()}
+
+def add_flags(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+  """Every hint as a flag (`--norm`, `--act-break/--no-act-break`, `--skip` repeated, ...), left unset unless given so that
+  TINYZOO_HINTS, the device profile or the model's manifest can set it; `defaults` are a command's own."""
+  group = parser.add_argument_group("kernel hints", "Each from the first source that sets it: these flags, TINYZOO_HINTS='name=value;...', "
+                                    "this device's profile, the model file's manifest, the built-in default. `tinyzoo hints MODEL` shows "
+                                    "what applies.")
+  for name, hint in HINTS.items():
+    flag, default = "--" + name.replace("_", "-"), defaults.get(name, hint.default_value())
+    text = f"{hint.help} (default {','.join(default) or 'none' if isinstance(default, tuple) else default})".replace("%", "%%")
+    if isinstance(default, bool): group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+    elif isinstance(default, tuple): group.add_argument(flag, dest=name, action="append", choices=hint.choices, help=text)
+    else: group.add_argument(flag, dest=name, choices=hint.choices or None, metavar=hint.metavar, default=defaults.get(name), help=text)
+
+def given(args: argparse.Namespace) -> dict[str, Any]:
+  """The hints a command's flags (add_flags) set."""
+  return {n: v for n in HINTS if (v := getattr(args, n, None)) is not None}

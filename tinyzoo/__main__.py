@@ -1,4 +1,4 @@
 import sys
-from tinyzoo.cli import main
+from tinyzoo import main
 
 sys.exit(main())

@@ -70,16 +70,12 @@ def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
   logits(args)
 
-def runtime_hints(args) -> dict:
-  """The hints the command's flags set (profiles/hints.py)."""
-  from profiles.hints import HINTS
-  return {n: v for n in HINTS if (v := getattr(args, n, None)) is not None}
-
 def model_hints(args, path):
   """The kernel hints for the model at `path`: the flags given (and TINYZOO_HINTS) over this device's profile (unless
   --no-profile) over the model's manifest over the defaults."""
   from profiles.device import resolve_hints
-  return resolve_hints(path, runtime_hints(args), profile=not args.no_profile)
+  from profiles.hints import given
+  return resolve_hints(path, given(args), profile=not args.no_profile)
 
 def bench_config(args, path):
   from experiments.bench import BenchConfig
@@ -183,20 +179,13 @@ def cmd_synth(args) -> None:
   print(synthesize(args.preset, args.output, args.quant, args.seed, args.layers))
 
 def add_model_options(s: argparse.ArgumentParser, **defaults) -> None:
-  """Every kernel hint as a flag (profiles/hints.py), unset unless given so that TINYZOO_HINTS, the device profile or the
-  model's manifest can set it; `defaults` are this command's own. And the options of building a model that are no hints."""
-  from profiles.hints import HINTS
+  """Every kernel hint as a flag (profiles/hints.py; `defaults` are this command's own), and the options of building a
+  model that are no hints."""
+  from profiles.hints import add_flags
   s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
-  hints = s.add_argument_group("kernel hints", "Each from the first source that sets it: these flags, TINYZOO_HINTS='name=value;...', "
-                               "this device's profile, the model file's manifest, the built-in default. `tinyzoo hints MODEL` shows what applies.")
-  for name, hint in HINTS.items():
-    flag, default = "--" + name.replace("_", "-"), defaults.get(name, hint.default_value())
-    text = f"{hint.help} (default {','.join(default) or 'none' if isinstance(default, tuple) else default})".replace("%", "%%")
-    if isinstance(default, bool): hints.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
-    elif isinstance(default, tuple): hints.add_argument(flag, dest=name, action="append", choices=hint.choices, help=text)
-    else: hints.add_argument(flag, dest=name, choices=hint.choices or None, metavar=hint.metavar, default=defaults.get(name), help=text)
+  add_flags(s, **defaults)
 
 def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") -> None:
   s.add_argument("--journal", metavar="PATH", help=f"append {what} to this journal (default: $TINYZOO_JOURNAL, else "

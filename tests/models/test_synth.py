@@ -139,8 +139,28 @@ def llama_cpp_tensors(meta: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]
   tensors = architecture_of(g).tensors(ModelConfig.from_gguf(g), g)
   return {t.name: t.shape[::-1] for t in tensors}, {t.name for t in tensors if t.optional}
 
+def assert_llama_cpp_reads(arch: str, meta: dict) -> None:
+  """What llama.cpp's loader asks of the metadata itself, written from its source independently of tinyzoo's reading of
+  it: the keys it requires, and the shapes it refuses."""
+  key = lambda k: f"{arch}.{k}"
+  required = ["context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon"]
+  if arch == "gpt-oss": required += ["expert_feed_forward_length", "attention.sliding_window"]
+  if arch == "deepseek2":
+    n_layer, vocab = meta[key("block_count")], meta.get(key("vocab_size"), len(meta["tokenizer.ggml.tokens"]))
+    required += ["attention.kv_lora_rank", "expert_feed_forward_length", "expert_shared_count", "attention.key_length_mla",
+                 "attention.value_length_mla"] + ([] if n_layer in (26, 27) or (n_layer == 48 and vocab == 128256) else ["attention.q_lora_rank"])
+    assert meta[key("attention.key_length")] == meta[key("attention.kv_lora_rank")] + meta[key("rope.dimension_count")]   # the MLA form
+    assert meta[key("attention.value_length")] == meta[key("attention.kv_lora_rank")]
+  assert not [k for k in required if key(k) not in meta], [k for k in required if key(k) not in meta]
+  head_k = meta.get(key("attention.key_length"), meta[key("embedding_length")] // meta[key("attention.head_count")])
+  if arch in ("llama", "qwen3"): assert meta.get(key("rope.dimension_count"), head_k) == head_k   # llama.cpp's "invalid n_rot"
+  n_expert, n_used = meta.get(key("expert_count"), 0), meta.get(key("expert_used_count"), 0)
+  assert n_used <= n_expert and (n_used > 0) == (n_expert > 0)
+
 def assert_llama_cpp_loads(name: str, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
-  """Every tensor llama.cpp requires is there, none it does not create (it refuses a file with tensors left over), all of its shapes."""
+  """The metadata is what llama.cpp reads, every tensor llama.cpp requires is there, none it does not create (it refuses a
+  file with tensors left over), all of its shapes."""
+  assert_llama_cpp_reads(synth.PRESETS[name].arch, meta)
   want, optional = llama_cpp_tensors({"general.architecture": synth.PRESETS[name].arch, **meta})
   assert not shapes.keys() - want.keys(), f"tensors llama.cpp does not create: {sorted(shapes.keys() - want.keys())[:5]}"
   assert not want.keys() - optional - shapes.keys(), f"tensors llama.cpp requires: {sorted(want.keys() - optional - shapes.keys())[:5]}"

@@ -126,12 +126,17 @@ def _normed_keys(rng: np.random.Generator, T: int, start_pos: int):
 @pytest.mark.parametrize("T,start_pos", [(1, 9), (1, CHUNK + 3), (3, 5)], ids=["one-chunk", "two-chunks", "prefill"])
 def test_keys_normalized_where_the_logits_read_them(seed, rng, softmax, T, start_pos):
   """k_norm: keys cached before their norm and rotation (layout rows with Gemma's QK-norm), times the norm weight and
-  rotated as read, each one's 1/rms on its logits (the query's own key's too, under softmax self), against float64."""
+  rotated as read, each one's 1/rms on its logits (the query's own key's too under softmax self, on the pair axis),
+  against float64 and against the plain path over q and keys normalized and rotated first."""
   q, k, v, (wq, wk), rope, q_rope, want = _normed_keys(rng, T, start_pos)
   f32 = lambda a: Tensor(a.astype(np.float32))
-  got = fused_attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, q_rope=q_rope,
-                  q_norm=(f32(wq), 1e-6), key_rope=rope, k_norm=(f32(wk), 1e-6), softmax=softmax)
+  vs = in_cache(rng, v, 2)
+  got = fused_attention(Tensor(q), in_cache(rng, k, 2), vs, start_pos, scale=D ** -0.5, q_rope=q_rope,
+                        q_norm=(f32(wq), 1e-6), key_rope=rope, k_norm=(f32(wk), 1e-6), softmax=softmax)
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
+  keys = apply_rope(rms_norm(f32(k), f32(wk), 1e-6), rope[0][:k.shape[2]], rope[1][:k.shape[2]], False).numpy()
+  plain = attention(apply_rope(rms_norm(f32(q), f32(wq), 1e-6), *q_rope), in_cache(rng, keys, 2), vs, start_pos, scale=D ** -0.5)
+  np.testing.assert_allclose(got.numpy(), plain.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
 
 def test_normalized_keys_cost_no_kernel(rng):
   """A decode step over a row cache with normalized q and k and softmax self: the norms are summed where the logits read

@@ -47,7 +47,7 @@ def test_programmatic_launch_renders_the_entry_on_sm_90_and_later_only():
   for arch, entered in (("sm_80", False), ("sm_89", False), ("sm_90", True), ("sm_90a", True), ("sm_100", True)):
     renderer = SimpleNamespace(target=SimpleNamespace(arch=arch))
     with KernelSettings(pdl=True), pytest.MonkeyPatch.context() as mp:
-      mp.setattr(patches, "_render_kernel", lambda self, name, kernel, bufs, uops, prefix=None: kernel)
+      mp.setitem(patches._originals, "render_kernel", lambda self, name, kernel, bufs, uops, prefix=None: kernel)
       assert (patches._render_with_entry(renderer, "k", ["x;"], [], []) == [*cuda_graph.ENTRY, "x;"]) == entered, arch
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")
@@ -125,10 +125,8 @@ def test_without_edge_data_in_the_driver_graphs_are_built_as_before():
   with patches.programmatic_edges(SimpleNamespace(runtimes=[]), cuda, [0]): assert cuda.cuGraphAddKernelNode is not original
   assert cuda.cuGraphAddKernelNode is original
 
-def test_the_pdl_hints_turn_programmatic_launch_on():
-  from models.runtime import kernel_settings
-  from profiles.hints import resolve
-  assert (kernel_settings(resolve({"pdl": "on"})).pdl, kernel_settings(resolve({"pdl": "on"})).pdl_prefetch) == (True, False)
-  assert kernel_settings(resolve({"pdl": "on", "pdl_prefetch": "on"})).pdl_prefetch
-  assert not kernel_settings(resolve({"pdl_prefetch": "on"})).pdl_prefetch, "prefetch only with pdl"
-  assert not kernel_settings(resolve()).pdl
+def test_programmatic_launch_prefetches_only_with_it():
+  from quant.matvec_opts import kernel_settings
+  assert [(s.pdl, s.pdl_prefetch) for s in (kernel_settings(8, pdl=True), kernel_settings(8, pdl=True, prefetch=True),
+                                            kernel_settings(8, prefetch=True), kernel_settings(8))] == \
+         [(True, False), (True, True), (False, False), (False, False)]

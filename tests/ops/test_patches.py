@@ -61,8 +61,9 @@ def test_install_once_and_only_for_its_tinygrad(monkeypatch):
     patches.install()
 
 def test_cli_refuses_another_tinygrad_in_one_line(tmp_path):
+  """The command checks the version before it loads anything that uses tinygrad (where names may have moved)."""
   code = ("import importlib.metadata as m; real = m.version; m.version = lambda n: '0.15.0' if n == 'tinygrad' else real(n); "
-          "import sys; from tinyzoo.cli import main; sys.exit(main(['run', 'smollm2-135m-tiny', '-p', 'hi']))")
+          "import sys; from tinyzoo import main; assert 'tinygrad' not in sys.modules; sys.exit(main(['run', 'smollm2-135m-tiny', '-p', 'hi']))")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={"TINYZOO_CACHE": str(tmp_path),
                                                                                                     "PATH": "/usr/bin:/bin"})
   assert r.returncode == 1 and r.stderr.count("\n") == 1 and "tinyzoo: error: tinyzoo's changes to tinygrad are written for tinygrad 0.14.0" \

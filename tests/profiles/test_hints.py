@@ -12,7 +12,8 @@ from profiles.device import device_name, profile_path, resolve_hints
 from profiles.hints import HINTS, Hint, check, from_env, resolve
 from quant.gguf_write import RawTensor, write_gguf
 from quant.linear import STRATEGIES
-from tinyzoo.cli import main, parser, runtime_hints
+from profiles.hints import given
+from tinyzoo.cli import main, parser
 
 def test_each_hint_from_the_first_source_that_sets_it():
   h = resolve(runtime={"norm": "break"}, profile={"norm": "fold", "topk": "sort"}, manifest={"topk": "pairwise", "beam": "2"})
@@ -138,7 +139,7 @@ def test_every_hint_reaches_the_flags_run_bench_exp_and_the_hints_command(name: 
   assert value != hint.default_value()
   for command in ("run", "logits", "bench", "profile"):
     args = parser().parse_args([command, str(model), *(["-p", "hi"] if command in ("run", "logits") else []), *flag(name, written, value)])
-    got = runtime_hints(args)
+    got = given(args)
     assert got.pop(name) == ([written] if isinstance(value, tuple) else written if written is not None else value), command
     assert got == ({"rounding": "ggml"} if command == "logits" and name != "rounding" else {}), command   # logits rounds as llama.cpp
   built = {}
@@ -158,3 +159,12 @@ def test_every_hint_reaches_the_flags_run_bench_exp_and_the_hints_command(name: 
   monkeypatch.setenv("TINYZOO_HINTS", f"{name}={env}")
   assert main(["hints", str(model), "--json"]) == 0
   assert json.loads(capsys.readouterr().out)["hints"][name] == {"value": cfg.switches()[name], "source": "runtime"}
+
+def test_the_runtime_and_the_weights_take_the_hints_whole():
+  """Runtime and Weights are built from the one Hints object, not a keyword argument per hint."""
+  import inspect
+  from models.runtime import Runtime
+  from models.weights import Weights
+  for cls in (Runtime, Weights):
+    params = list(inspect.signature(cls.__init__).parameters)[1:]
+    assert "hints" in params and len(params) <= 6 and not set(params) & set(HINTS), (cls.__name__, params)

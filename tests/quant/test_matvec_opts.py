@@ -7,9 +7,8 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
-from experiments.matvec import settings
 from ops.kernels import jit_programs
-from quant.matvec_opts import GPU_MATVEC_THREADS, builtin_gpu_sizes
+from quant.matvec_opts import GPU_MATVEC_THREADS, builtin_gpu_sizes, kernel_settings
 from quant.linear import QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -21,7 +20,7 @@ def row_upcast():
   """row_upcast(n, **settings): the rest of the test compiles under a runtime's kernel settings with n rows a CPU matvec
   thread (0: tinygrad's heuristic for every kernel); returns the settings."""
   with contextlib.ExitStack() as stack:
-    yield lambda n, **kw: stack.enter_context(settings(n, **kw))
+    yield lambda n, **kw: stack.enter_context(kernel_settings(n, **kw))
 
 def applied_opts(fn, *inputs: Tensor) -> tuple[list[tuple], np.ndarray]:
   jit = TinyJit(lambda *xs: fn(*xs).realize())
@@ -53,6 +52,12 @@ def test_other_reduces_left_alone(row_upcast):
   for fn, x in [(lambda a: a.sum(axis=1), Tensor.randn(88, 40)), (lambda a: (a * a).sum(), Tensor.randn(232))]:
     [opts], _ = applied_opts(fn, x)
     assert not any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts)
+
+def test_the_environment_forces_gpu_sizes_unless_a_sweep_does(monkeypatch):
+  monkeypatch.setenv("TINYZOO_GPU_MATVEC", "16,4,4")
+  assert kernel_settings(8).heuristic.forced == (16, 4, 4) and kernel_settings(8, forced=(8, 8, 1)).heuristic.forced == (8, 8, 1)
+  monkeypatch.setenv("TINYZOO_GPU_MATVEC", "16,4")
+  with pytest.raises(ValueError, match="GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"): kernel_settings(8)
 
 @pytest.mark.parametrize("bad", [-8, 3, 12])
 def test_bad_setting(bad: int, row_upcast):
@@ -120,7 +125,7 @@ def test_gpu_sizes_tuned_per_kernel_shape_and_forced(row_upcast, rng: np.random.
   assert cuda_launch(lin(x))[1] == (64, 1, 1) and len(shapes) == 1
   tuned = row_upcast(8, tuned={shapes[0]: (32, 2, 2)})
   assert cuda_launch(lin(x))[1] == (32, 2, 1) and tuned.heuristic.untuned_shapes() == []
-  with settings(8, tuned={shapes[0]: (32, 2, 2)}, forced=(8, 8, 1)): assert cuda_launch(lin(x))[1] == (8, 8, 1)
+  with kernel_settings(8, tuned={shapes[0]: (32, 2, 2)}, forced=(8, 8, 1)): assert cuda_launch(lin(x))[1] == (8, 8, 1)
   other = row_upcast(8, tuned={"1x2x3": (32, 2, 2)})
   assert cuda_launch(lin(x))[1] == (64, 1, 1) and other.heuristic.untuned_shapes() == shapes
 
@@ -134,7 +139,7 @@ def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.ra
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   for sizes, load, local in (((16, 4, 2), "uint4", (16, 4, 1)), ((16, 4, 2, 4), "uint4", (16, 4, 1)), ((16, 4, 2, 2), "uint2", (2, 8, 4)),
                              ((16, 4, 2, 1), "uint", (4, 4, 4)), ((2, 4, 2, 1), "uint", (4, 4, 1))):
-    with settings(8, forced=sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
+    with kernel_settings(8, forced=sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
     assert f"{load} val" in src and local_size == local and global_size == (rows // (4 * 2), 1, 1), sizes
     assert all(f"{other} val" not in src for other in ("uint4", "uint2", "uint") if other != load), sizes
 
@@ -144,7 +149,7 @@ def test_gpu_matvec_of_a_row_one_span_long(row_upcast, rng: np.random.Generator)
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q8_0, (256, 32), rng), T.Q8_0, (256, 32)), strategy="packed_words")
   x = Tensor(rng.standard_normal((1, 32), dtype=np.float32)).realize()
-  with settings(8, forced=(16, 4, 4)): assert cuda_launch(lin(x)) == ((16, 1, 1), (4, 1, 1))
+  with kernel_settings(8, forced=(16, 4, 4)): assert cuda_launch(lin(x)) == ((16, 1, 1), (4, 1, 1))
 
 def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: np.random.Generator):
   """A folded norm's output axis (dot or squares, which no input is indexed by) is upcast: one workgroup computes both
@@ -153,7 +158,7 @@ def test_gpu_matvec_keeps_a_folded_norms_squares_in_the_thread(row_upcast, rng: 
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="packed_words")
   x, g = (Tensor(rng.standard_normal(s, dtype=np.float32)).realize() for s in ((1, cols), (cols,)))
-  with settings(8, forced=(64, 1, 4)):
+  with kernel_settings(8, forced=(64, 1, 4)):
     assert cuda_launch(lin.words.dot_and_squares(x, g)) == cuda_launch(lin(x * 5)) == ((rows // 4, 1, 1), (64, 1, 1))
 
 @pytest.mark.parametrize("rows", [32, 576, 1536, 2048, 3072, 8192, 32768])
@@ -198,7 +203,7 @@ def test_gpu_matvec_unrolls_each_sum_inside_a_word(row_upcast, rng: np.random.Ge
   word's bytes; a mixed MoE matvec keeps its experts a loop (unrolled, gpt-oss's down experts spilled)."""
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (1024, 1536), rng), T.Q4_0, (1024, 1536)), strategy="packed_words")
-  with settings(8, forced=(64, 1, 4, 2)): src = cuda_source(lin(Tensor(rng.standard_normal((1, 1536), dtype=np.float32)).realize()))
+  with kernel_settings(8, forced=(64, 1, 4, 2)): src = cuda_source(lin(Tensor(rng.standard_normal((1, 1536), dtype=np.float32)).realize()))
   assert "<<19u)&7864320u)|1065353216u" in src and "< 4;" not in src
   experts = QuantExperts(QTensor.from_bytes(random_blocks(T.MXFP4, (8, 1472, 1472), rng), T.MXFP4, (8, 1472, 1472)), strategy="packed_words")
   x = Tensor(rng.standard_normal((1, 1, 4, 1472), dtype=np.float32)).realize()
@@ -239,7 +244,7 @@ def test_gpu_matvec_unrolls_a_threads_steps_up_to_a_budget(row_upcast, rng: np.r
   for t, (rows, cols), sizes, loads, loop in ((T.Q4_0, (8192, 2048), (64, 1, 4, 2), 8, None), (T.Q4_0, (2048, 8192), (64, 1, 2, 1), 8, 4),
                                                (T.Q8_0, (2048, 4096), (64, 1, 4, 4), 8, 2)):
     lin = QuantLinear(QTensor.from_bytes(random_blocks(t, (rows, cols), rng), t, (rows, cols)), strategy="packed_words")
-    with settings(8, forced=sizes): src = cuda_source(lin(Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()))
+    with kernel_settings(8, forced=sizes): src = cuda_source(lin(Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()))
     body = src.split("__syncthreads")[0]
     assert sum(line.count("data1_") for line in body.splitlines() if " val" in line) == loads, (t, sizes)
     loops = [line.split(";")[1].strip() for line in body.splitlines() if "for (" in line]
@@ -274,7 +279,7 @@ def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Gene
   rows = 8192
   row_upcast(8)
   lin, _, x = _gate_up_pairs(rows, 2048, rng)
-  with settings(8, forced=(32, 2, 2, 2)):
+  with kernel_settings(8, forced=(32, 2, 2, 2)):
     opts = cuda_sink(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows)))).arg.applied_opts
   assert [o.arg for o in opts if o.op is OptOps.GROUP] == [2, 16], opts
 
