@@ -90,7 +90,10 @@ def test_query_rotated_where_the_logits_read_it(seed, rng, interleaved, half_cac
   if half_cache: q_rot = q_rot.cast(dtypes.float16).cast(dtypes.float32)
   want = attention(q_rot.realize(), ks, vs, start_pos, scale=D ** -0.5)
   got = fused_attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, q_rope=(*rows, interleaved))
-  np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+  # rotated in another order, q may differ in its last float32 bit, which at a half rounding tie moves its half by one
+  # step (2^-11 of an element of unit size: about 2e-4 on a logit and on the output)
+  tol = dict(rtol=1e-3, atol=5e-4) if half_cache else dict(rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got.numpy(), want.numpy(), **tol, err_msg=f"seed={seed}")
 
 def test_query_normalized_where_the_logits_read_it(seed, rng):
   """q_norm: q before its norm, times the norm weight and rotated as read, its 1/rms applied to the logits, is attention
