@@ -31,13 +31,14 @@ class RawTensor:
   def logical_shape(self) -> tuple[int, ...]:
     if self.shape is not None: return self.shape
     assert isinstance(self.data, np.ndarray)
-    if self.ggml_type in FLOAT_VALUES and self.data.dtype != np.uint8: return self.data.shape
-    return tuple(quant_shape_from_byte_shape(self.data.shape, self.ggml_type))
+    return self.data.shape if self.holds_values(self.data) else tuple(quant_shape_from_byte_shape(self.data.shape, self.ggml_type))
+
+  def holds_values(self, data: np.ndarray) -> bool: return self.ggml_type in FLOAT_VALUES and data.dtype != np.uint8
 
   def array(self) -> np.ndarray:
     """The bytes (or float values) to write."""
     data = self.data() if callable(self.data) else self.data
-    return np.ascontiguousarray(data if self.ggml_type in FLOAT_VALUES and data.dtype != np.uint8 else data.view(np.uint8))
+    return np.ascontiguousarray(data if self.holds_values(data) else data.view(np.uint8))
 
 def write_gguf(path: str | os.PathLike, arch: str, metadata: dict[str, Any], tensors: Iterable[RawTensor], progress: str | None = None) -> Path:
   """Writes `metadata` (key -> str, bool, int, float or a list of one of them, or a Typed value) and `tensors`, in order,
@@ -50,14 +51,9 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: dict[str, Any], ten
     w = GGUFWriter(tmp, arch)
     for key, value in metadata.items(): _add(w, key, value)
     if "general.alignment" in metadata: w.data_alignment = int(getattr(metadata["general.alignment"], "value", metadata["general.alignment"]))
-    for t in tensors:
-      shape = t.logical_shape()
-      if t.ggml_type in FLOAT_VALUES and not (isinstance(t.data, np.ndarray) and t.data.dtype == np.uint8):
-        dtype = np.dtype(np.float32 if t.ggml_type == T.F32 else np.float16)
-        w.add_tensor_info(t.name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
-      else:
-        byte_shape = quant_shape_to_byte_shape(shape, t.ggml_type)
-        w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=t.ggml_type)
+    for t in tensors:   # every tensor's info by its type and byte shape, whether its data comes as values or bytes
+      byte_shape = quant_shape_to_byte_shape(t.logical_shape(), t.ggml_type)
+      w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=t.ggml_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
