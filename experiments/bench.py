@@ -1,5 +1,6 @@
 """`tinyzoo bench`: decode in JIT steady state, with kernels per token, ms per token, bytes read against the memory floor,
-capture and compile time, prefill speed, and llama.cpp measured in the same run when it is installed."""
+capture and compile time; prompt processing of --pp tokens from an empty context, its prefill JIT captured first (as
+llama-bench's pp test); and llama.cpp measured in the same run when it is installed."""
 import dataclasses
 import json
 import os
@@ -28,8 +29,9 @@ from ops.sampling import Sampler, SamplerParams
 @dataclass(frozen=True)
 class BenchConfig:
   hints: Hints = field(default_factory=resolve)   # the kernel hints the model is built with (profiles/hints.py), each with its source
-  prompt_tokens: int = 32
+  prompt_tokens: int = 32          # the context before the timed decode (llama-bench's depth)
   tokens: int = 64
+  pp: int = 512                    # the prompt of the timed prompt processing
   warmup: int = 4
   ctx: int | None = None
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
@@ -76,19 +78,29 @@ def copy_bandwidth(device: str | None = None) -> float:
   driver_ms = back_to_back_ms(lambda: dest.copy_from(src.uop.buffer), src.device, 10)
   return 2 * src.nbytes() / min(kernel_ms, driver_ms) / 1e6
 
+PP_REPEATS = 2   # timed prompts after the prefill JIT's compile and capture; the fastest counts
+
+def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, "Tensor"]:
+  """Seconds to prefill `ids` until the device is done, and the logits."""
+  t0 = time.perf_counter()
+  logits = rt.prefill(ids).realize()
+  Device[logits.device].synchronize()
+  return time.perf_counter() - t0, logits
+
 def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   path = cfg.model_file(path)
   patches.install()
   patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
-  rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8)
+  rt = cfg.runtime(path, max(cfg.pp, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8))
   load_s = time.perf_counter() - t0
-  prompt = prompt_ids(rt, cfg.prompt_tokens)
+  rt.check_fits(cfg.pp)
   rt.check_fits(cfg.prompt_tokens, cfg.warmup + cfg.tokens + 2)
-  prefill_times = []
-  for _ in range(3):   # eager (compiles), capture, replay
-    t0 = time.perf_counter(); logits = rt.prefill(prompt); logits.realize(); Device[logits.device].synchronize()
-    prefill_times.append(time.perf_counter() - t0)
+  # prompt processing in JIT steady state: a one-chunk prompt compiles and then captures the prefill JIT, apart
+  prefill_compile_s, _ = timed_prefill(rt, [11])
+  prefill_capture_s, _ = timed_prefill(rt, [11])
+  pp_s = min(timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(PP_REPEATS))
+  _, logits = timed_prefill(rt, prompt_ids(rt, cfg.prompt_tokens))
   # the generation loop as `run` has it (sampled tokens stay on the device, read back in batches), greedy, no stop token
   sampler, timing = Sampler(SamplerParams(temperature=0)), Timing()
   for _ in rt.continue_from(logits, cfg.prompt_tokens, 3 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
@@ -111,13 +123,15 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
             "switches": cfg.switches(), "hints": cfg.hints.as_dict(), "profile_file": cfg.hints.profile.name if cfg.hints.profile else None,
             "matvec_shapes": {"gpu_compiled": len(set(matvecs.compiled_shapes)) if matvecs else 0,
                               "untuned": matvecs.untuned_shapes() if matvecs else []},
-            "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens,
+            "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens, "pp_tokens": cfg.pp,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
-                        "pp_tok_s": round(cfg.prompt_tokens / prefill_times[-1], 1), "depth": cfg.prompt_tokens, "compile_s": round(steps[0], 2),
+                        "pp_tok_s": round(cfg.pp / pp_s, 1), "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk,
+                        "prefill_compile_s": round(prefill_compile_s, 2), "prefill_capture_s": round(prefill_capture_s, 2),
+                        "depth": cfg.prompt_tokens, "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2),
                         "programmatic_edges": rt.kernels.edges[0]}}
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
@@ -129,8 +143,8 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   return record
 
 def llama_cpp(path: Path, cfg: BenchConfig) -> dict | None:
-  if cfg.llama_bench: return peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.prompt_tokens, cfg.tokens)
-  return peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens)
+  if cfg.llama_bench: return peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.prompt_tokens, cfg.tokens, cfg.pp)
+  return peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens, cfg.pp)
 
 def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
   args = ["--src", str(cfg.tinygrad_src), str(path), "--prompt", str(cfg.prompt_tokens), "--warmup", str(cfg.warmup), "--tokens", str(cfg.tokens)]
@@ -141,11 +155,12 @@ def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 def table(records: list[dict]) -> str:
-  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "peers tok/s")
+  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "peers tok/s (pp tok/s)")
   rows = [(r["model"], r["device"].split(",")[0][:40], changed_switches(r["switches"]),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
-           f"{m['tok_s']:.2f}", f"{m['floor_ms']:.2f}", f"{m['pp_tok_s']:.1f}",
-           ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
+           f"{m['tok_s']:.2f} @d{m['depth']}", f"{m['floor_ms']:.2f}", f"{m['pp_tok_s']:.1f} (pp{m.get('pp_tokens', r['prompt_tokens'])})",
+           ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" + (f" ({p['pp_tok_s']:.1f})" if "pp_tok_s" in p else "")
+                     for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
   widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
   return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

@@ -21,6 +21,9 @@ from profiles.hints import add_flags, given, resolve
 from ops.sampling import Sampler, SamplerParams
 
 LOGITS_RTOL = 1e-3   # float32 on both sides: only the order of the sums differs
+# a prompt through fp16 GEMMs (the `half` prefill) rounds every matmul's inputs to half: the prompt's logits move by up to
+# about 1% (tests/models/test_prefill.py), and greedy tokens after it may part at a near tie, so only the argmax is held
+HALF_PREFILL_RTOL = 3e-2
 
 def graph_batches(rt: Runtime) -> int:
   """Graph launches one captured decode step makes (0 on backends without graphs)."""
@@ -75,10 +78,12 @@ def against(ref_path: str, device: str, hints: dict | None = None) -> tuple[bool
     want = np.array(case["logits"])
     got, tokens = run(rt, case["ids"], len(case["greedy"]))
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-    good = rel < LOGITS_RTOL and int(got.argmax()) == int(want.argmax()) and tokens == case["greedy"]
+    half = rt.hints.prefill == "half"
+    good = rel < (HALF_PREFILL_RTOL if half else LOGITS_RTOL) and int(got.argmax()) == int(want.argmax()) and (half or tokens == case["greedy"])
     ok &= good
     greedy = "identical" if tokens == case["greedy"] else f"{tokens} against {case['greedy']}"
-    print(f"{case['preset']} on {device} ({', '.join(f'{n} {v}' for n, v in (hints or {}).items()) or 'built-in hints'}) against CPU: "
+    print(f"{case['preset']} on {device} ({', '.join(f'{n} {v}' for n, v in (hints or {}).items()) or 'built-in hints'}, prefill "
+          f"{rt.hints.prefill} in chunks of {rt.chunk}) against CPU: "
           f"logits rel err {rel:.2e}, "
           f"argmax {int(got.argmax())}/{int(want.argmax())}, greedy "
           f"{greedy}, {graph_batches(rt)} graph launches per "

@@ -21,7 +21,7 @@ def _typed(key: str, kind: type, value: Any) -> Any:
 # what a variant's switches and an experiment's bench sizes may set, each read by its parser: every kernel hint
 # (profiles/hints.py), and `requant`, which swaps the model for a requantized copy
 SWITCHES: dict[str, Callable[[Any], Any]] = {**{n: functools.partial(check, n) for n in HINTS}, "requant": functools.partial(_typed, "requant", str)}
-BENCH_KEYS: dict[str, Callable[[Any], Any]] = {k: functools.partial(_typed, k, int) for k in ("prompt_tokens", "tokens", "warmup", "ctx")}
+BENCH_KEYS: dict[str, Callable[[Any], Any]] = {k: functools.partial(_typed, k, int) for k in ("prompt_tokens", "tokens", "pp", "warmup", "ctx")}
 
 @dataclass(frozen=True)
 class Variant:

@@ -1,4 +1,5 @@
-"""llama.cpp as the peer engine: decode speed on the same GGUF. On the CPU through llama-cpp-python, in a subprocess so its
+"""llama.cpp as the peer engine: prompt processing and decode speed on the same GGUF, measured as llama-bench does (pp of N
+tokens from an empty context, tg after D tokens of context). On the CPU through llama-cpp-python, in a subprocess so its
 threads never share a process with tinygrad's (`python -m experiments.peer_llamacpp FILE` prints one JSON line); on a GPU
 through a llama-bench binary built for it (`run_llama_bench`), every layer offloaded."""
 import argparse
@@ -11,34 +12,45 @@ import sys
 import tempfile
 import time
 
-def measure(path: str, prompt_tokens: int, tokens: int, threads: int) -> dict:
+def measure(path: str, prompt_tokens: int, tokens: int, threads: int, pp: int) -> dict:
+  """pp tok/s of a prompt of `pp` ids from an empty context (the faster of two, after a short warm-up prompt), then the
+  median decode step after a prompt of `prompt_tokens` ids."""
   import llama_cpp
-  llm = llama_cpp.Llama(model_path=path, n_ctx=prompt_tokens + tokens + 8, n_threads=threads, n_threads_batch=threads, verbose=False)
-  prompt = [(7 * i + 11) % llm.n_vocab() for i in range(prompt_tokens)]
-  t0 = time.perf_counter()
-  llm.eval(prompt)
-  prompt_s, steps = time.perf_counter() - t0, []
-  token = 0
+  llm = llama_cpp.Llama(model_path=path, n_ctx=max(pp, prompt_tokens) + tokens + 8, n_batch=min(512, max(pp, 1)), n_threads=threads,
+                        n_threads_batch=threads, verbose=False)
+  ids = lambda n: [(7 * i + 11) % llm.n_vocab() for i in range(n)]
+  llm.eval(ids(8))
+  pp_s = []
+  for _ in range(2):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids(pp))
+    pp_s.append(time.perf_counter() - t0)
+  llm.reset()
+  llm.eval(ids(prompt_tokens))
+  steps, token = [], 0
   for _ in range(tokens):
     t0 = time.perf_counter()
     llm.eval([token])
     steps.append(time.perf_counter() - t0)
   ms = statistics.median(steps) * 1e3
   return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(1e3 / ms, 2),
-          "ms_per_token": round(ms, 3), "pp_tok_s": round(prompt_tokens / prompt_s, 1), "depth": prompt_tokens}
+          "ms_per_token": round(ms, 3), "pp_tok_s": round(pp / min(pp_s), 1), "pp_tokens": pp, "depth": prompt_tokens}
 
-def run(path: str, prompt_tokens: int, tokens: int, threads: int = 2) -> dict | None:
+def run(path: str, prompt_tokens: int, tokens: int, pp: int, threads: int = 2) -> dict | None:
   """The peer's figures, or None (with the reason on stderr) when llama-cpp-python is not installed or fails."""
   r = subprocess.run([sys.executable, "-m", "experiments.peer_llamacpp", path, "--prompt-tokens", str(prompt_tokens), "--tokens", str(tokens),
-                      "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
+                      "--pp", str(pp), "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
   if r.returncode != 0:
     print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
   return json.loads(r.stdout.strip().splitlines()[-1])
 
-def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, repetitions: int = 3) -> dict | None:
-  """llama-bench's decode of `tokens` tokens after `prompt_tokens` of context (its tg test at that depth), or None (reason on stderr)."""
-  cmd = [binary, "-m", path, "-p", "0", "-n", str(tokens), "-d", str(prompt_tokens), "-ngl", "99", "-r", str(repetitions), "-o", "json"]
+def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, pp: int, repetitions: int = 3) -> dict | None:
+  """llama-bench's prompt processing of `pp` tokens from an empty context (its pp test at depth 0) and decode of `tokens`
+  tokens after `prompt_tokens` of context (its tg test at that depth), or None (reason on stderr)."""
+  cmd = [binary, "-m", path, "-p", str(pp), "-n", str(tokens), "-d", f"0,{prompt_tokens}" if prompt_tokens else "0", "-ngl", "99",
+         "-r", str(repetitions), "-o", "json"]
   try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
   except OSError as e:
     print(f"llama.cpp peer not measured: {e}", file=sys.stderr)
@@ -46,10 +58,16 @@ def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, rep
   if r.returncode != 0:
     print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
-  (test,) = json.loads(r.stdout)
+  tests = json.loads(r.stdout)
+  pp_test = next((t for t in tests if t["n_prompt"] == pp and t["n_gen"] == 0 and t["n_depth"] == 0), None)
+  test = next((t for t in tests if t["n_gen"] == tokens and t["n_prompt"] == 0 and t["n_depth"] == prompt_tokens), None)
+  if pp_test is None or test is None:
+    print(f"llama.cpp peer not measured: llama-bench printed no pp{pp} at depth 0 or tg{tokens} at depth {prompt_tokens}", file=sys.stderr)
+    return None
   return {"engine": f"llama.cpp (llama-bench {test['build_commit']}, {test['backends']}, {test['gpu_info']}, all layers offloaded)",
           "tok_s": round(test["avg_ts"], 2), "tok_s_stddev": round(test["stddev_ts"], 2), "ms_per_token": round(1e3 / test["avg_ts"], 3),
-          "depth": test["n_depth"], "tokens": test["n_gen"]}
+          "depth": test["n_depth"], "tokens": test["n_gen"], "pp_tok_s": round(pp_test["avg_ts"], 1),
+          "pp_tok_s_stddev": round(pp_test["stddev_ts"], 1), "pp_tokens": pp}
 
 NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way
 
@@ -97,11 +115,13 @@ def modes(times: list[float], gap: float = 1.3) -> list[list[float]]:
   return split
 
 if __name__ == "__main__":
-  p = argparse.ArgumentParser(description="Decode speed of llama.cpp on a GGUF file (median of single-token steps after a prompt); "
+  p = argparse.ArgumentParser(description="Prompt processing and decode speed of llama.cpp on a GGUF file (a --pp prompt from an "
+                                          "empty context; the median of single-token steps after --prompt-tokens); "
                                           "with --ncu-llama-bench, its GPU decode's kernels timed by Nsight Compute instead.")
   p.add_argument("path")
   p.add_argument("--prompt-tokens", type=int, default=32)
   p.add_argument("--tokens", type=int, default=64)
+  p.add_argument("--pp", type=int, default=512, help="prompt tokens of the timed prompt processing (default 512)")
   p.add_argument("--threads", type=int, default=2)
   p.add_argument("--ncu-llama-bench", metavar="BINARY", help="time this llama-bench's decode kernels under ncu: one line a kernel and launch size")
   a = p.parse_args()
@@ -113,4 +133,4 @@ if __name__ == "__main__":
     sys.exit(0)
   try: import llama_cpp  # noqa: F401
   except ImportError: sys.exit("llama-cpp-python is not installed (make reference)")
-  print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads)))
+  print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads, a.pp)))

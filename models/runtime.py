@@ -1,5 +1,8 @@
 """A loaded model ready to run: weights packed on the device, KV caches, and prefill/decode each captured once by
-TinyJit with a symbolic start position, so steady-state decode never recompiles. Everything a runtime compiles and
+TinyJit with a symbolic start position, so steady-state decode never recompiles. A prompt runs in chunks of the
+`prefill_chunk` hint's tokens, its last partial chunk padded to a whole one (the logits read at a symbolic row), so one
+capture serves every prompt length; the padding's cache rows lie past the prompt, where the next step overwrites them
+before any query sees them. Everything a runtime compiles and
 captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them."""
 import os
 import time
@@ -21,7 +24,6 @@ from quant.gguf_file import GGUFFile
 from quant.matvec_opts import kernel_settings
 
 DEFAULT_CONTEXT = 2048
-PREFILL_CHUNK = 32
 
 class ContextOverflow(ValueError): pass
 
@@ -46,26 +48,29 @@ class Runtime:
     patches.install()
     self.hints = hints or resolve()
     h = self.hints
-    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size)
+    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores)
     self.gguf = GGUFFile(path)
     arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
+    self.chunk = min(h.prefill_chunk, self.max_context)
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))
     except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:
       self.weights = Weights(self.gguf, self.hints, spec, device, progress)
-      self.model = arch.build(self.weights, self.cfg, self.max_context)
+      # positions for a padded last chunk past the context's end: cache rows and rope tables
+      self.model = arch.build(self.weights, self.cfg, self.max_context + self.chunk)
     self.device = device
     self._decode = TinyJit(self._forward)
     self._prefill = TinyJit(self._forward)
     self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
-    self._prefill_pos = UOp.variable("prefill_pos", 0, max(0, self.max_context - PREFILL_CHUNK))
-    self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, PREFILL_CHUNK), dtypes.int32, device)
+    self._prefill_pos = UOp.variable("prefill_pos", 0, self.max_context - 1)
+    self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
+    self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, self.chunk), dtypes.int32, device)
 
-  def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
+  def _forward(self, tokens: Tensor, start_pos: UOp, last: UOp | None = None) -> Tensor: return self.model(tokens, start_pos, last).realize()
 
   def check_fits(self, n_prompt: int, n_new: int = 0):
     if n_prompt + n_new > self.max_context:
@@ -73,15 +78,16 @@ class Runtime:
                             f"{self.max_context} tokens (--ctx, at most {self.cfg.context_length} for this model)")
 
   def prefill(self, ids: list[int]) -> Tensor:
-    """Runs the prompt from position 0: whole chunks through the prefill JIT, the rest token by token. Returns the last logits."""
+    """Runs the prompt from position 0 through the prefill JIT, a chunk at a time (the last one padded). Returns the
+    logits of its last token."""
     if not ids: raise ValueError("empty prompt")
     self.check_fits(len(ids))
-    pos, logits = 0, None
+    logits = None
     with self.kernels:
-      while len(ids) - pos >= PREFILL_CHUNK:
-        logits = self._prefill(self._prefill_tokens.write(ids[pos:pos + PREFILL_CHUNK]), self._prefill_pos.bind(pos))
-        pos += PREFILL_CHUNK
-      for i in range(pos, len(ids)): logits = self.decode(ids[i], i)
+      for pos in range(0, len(ids), self.chunk):
+        part = ids[pos:pos + self.chunk]
+        tokens = self._prefill_tokens.write(part + [0] * (self.chunk - len(part)))
+        logits = self._prefill(tokens, self._prefill_pos.bind(pos), self._prefill_last.bind(len(part) - 1))
     assert logits is not None
     return logits
 

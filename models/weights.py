@@ -48,7 +48,8 @@ class Weights:
     weights = [self._load(f"{n}.weight") for n in names]
     biases = [self._load(f"{n}.bias").dequantize() if self.has(f"{n}.bias") else None for n in names]
     weight, bias, name = _joined(names, weights, biases)
-    self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.hints.rounding))
+    self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.hints.rounding,
+                                                 self.hints.prefill))
     for t in linear.device_tensors: self.label(name, "experts", t)
     return linear
 
@@ -66,7 +67,7 @@ class Weights:
 
   def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
-    self.linears.append(linear := QuantLinear(w, bias, self.plan.for_weight(name, w.ggml_type), self.hints.rounding))
+    self.linears.append(linear := QuantLinear(w, bias, self.plan.for_weight(name, w.ggml_type), self.hints.rounding, self.hints.prefill))
     for t in linear.device_tensors: self.label(name, "matmul", t)
     return linear
 

@@ -43,22 +43,25 @@ class KernelSettings:
   `heuristic` chooses each kernel's opts (an object with `optimize(scheduler) -> scheduler`, equal to another only
   where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
   with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
-  set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's). `edges` counts the programmatic edges graphs built."""
+  set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's); `tensor_cores` off sets its TC to 0, so no kernel
+  uses them. `edges` counts the programmatic edges graphs built."""
   heuristic: Any = None
   pdl: bool = False
   pdl_prefetch: bool = False
   beam: int | None = None
   jit_batch_size: int | None = None
+  tensor_cores: bool = True
   edges: list[int] = field(default_factory=lambda: [0], compare=False, hash=False, repr=False)
 
   @property
   def compile_key(self) -> tuple:
     """What compiled programs depend on besides their graph."""
-    return (self.heuristic, self.pdl, self.pdl_prefetch)
+    return (self.heuristic, self.pdl, self.pdl_prefetch, self.tensor_cores)
 
   def __enter__(self) -> "KernelSettings":
     from tinygrad.helpers import Context
-    tinygrad = Context(**{k.upper(): v for k, v in (("beam", self.beam), ("jit_batch_size", self.jit_batch_size)) if v is not None})
+    tinygrad = Context(**{k.upper(): v for k, v in (("beam", self.beam), ("jit_batch_size", self.jit_batch_size),
+                                                    ("tc", None if self.tensor_cores else 0)) if v is not None})
     tinygrad.__enter__()
     _active.append((self, tinygrad))
     return self

@@ -15,13 +15,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
+from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
 from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
 from quant.activations import ROUNDINGS
 from quant.gguf_file import GGUFFile
-from quant.linear import STRATEGIES, StrategyPlan
+from quant.linear import PREFILL_MATMULS, STRATEGIES, StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
 SOURCES = ("runtime", "profile", "manifest", "default")
@@ -38,6 +39,12 @@ def _bool(v: Any) -> bool:
 def _count(v: Any) -> int:
   if isinstance(v, bool) or not str(v).strip().isdigit(): raise ValueError(f"{v!r} is not a whole number >= 0")
   return int(v)
+
+def _positive(v: Any) -> int:
+  if (n := _count(v)) < 1: raise ValueError(f"{n} is not a whole number >= 1")
+  return n
+
+def _on_cpu() -> bool: return Device.DEFAULT == "CPU"
 
 def _row_upcast(v: Any) -> int:
   if (n := _count(v)) & (n - 1): raise ValueError(f"{n} is neither 0 nor a power of two")
@@ -98,6 +105,15 @@ HINTS: dict[str, Hint] = {
   "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "
                      "each query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; "
                      "exact unless a logit exceeds the query's own by about 130; not with a soft cap)"),
+  "prefill": Hint(lambda: "float" if _on_cpu() else "half", _one_of(PREFILL_MATMULS), "how a prompt chunk's matmuls read the "
+                  "weights: packed (as a decode step does, the packed blocks read by the matmul for every row), half (each weight "
+                  "dequantized to fp16 once per chunk, then a GEMM of fp16 inputs summed in fp32: tensor cores on a GPU; F32 weights such "
+                  "as routers in fp32) or "
+                  "float (the same in fp32; default half on a GPU, float on the CPU)", PREFILL_MATMULS),
+  "prefill_chunk": Hint(lambda: 64 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
+                        "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
+                        "64 on the CPU)", metavar="N"),
+  "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),
   "jit_batch_size": Hint(lambda: JIT_BATCH_SIZE.value, _count, "kernels per graph batch on backends with graphs (tinygrad's "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DTypeLike
 from ops.norm import NormedInput
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
@@ -25,6 +26,9 @@ from quant.qtensor import QTensor
 from quant.words import WordBlocks
 
 STRATEGIES = ("packed_dot", "packed_words", "int8_dot", "fused", "dequant_cache", "split")
+# how a matmul of many rows (a prompt chunk) reads its weights: by its strategy, or dequantized once into a buffer of
+# this dtype for a GEMM (`gemm`)
+PREFILL_MATMULS = ("packed", "half", "float")
 
 def _check_strategy(strategy: str) -> str:
   if strategy not in STRATEGIES: raise ValueError(f"unknown matmul strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -70,6 +74,16 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   """w [..., O, in], x [..., in] -> [..., O]"""
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
+def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
+  """x @ w.T for many rows of x (a prompt chunk): w [..., O, in] realized in `dtype` once, x [..., *w's leading dims, in]
+  too, their products summed in float32 -> [..., O]: on a GPU with half inputs a tensor-core GEMM, each weight read once
+  for all the rows rather than once for each."""
+  lead = w.shape[:-2]
+  rows = x.reshape(-1, *lead, x.shape[-1])
+  rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]
+  y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32)
+  return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
+
 def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
   """WordBlocks.dot_and_squares over float weights w [..., O, in] (with sel, [experts, O, in]): x [..., in] -> [..., O, 2]."""
   if sel is not None: w = w[sel]
@@ -78,13 +92,21 @@ def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tenso
   return dots.unsqueeze(-2).cat(xr.expand(dots.shape).square().unsqueeze(-2), dim=-2).sum(-1)
 
 class _PackedWeight:
-  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact"):
+  """`prefill` (PREFILL_MATMULS): how a matmul of several rows for each matrix (a prompt chunk) reads the weights."""
+  def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact",
+               prefill: str = "packed"):
     _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
-    self.weight, self.bias, self.strategy, self.rounding = weight, bias, strategy, rounding
+    if prefill not in PREFILL_MATMULS: raise ValueError(f"unknown prefill matmul {prefill!r} (choose from {', '.join(PREFILL_MATMULS)})")
+    self.weight, self.bias, self.strategy, self.rounding, self.prefill = weight, bias, strategy, rounding, prefill
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
     self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") else None
     self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # dense matmuls read x in 8 bits
+
+  @property
+  def _gemm_dtype(self) -> DTypeLike:
+    """A prefill GEMM's input dtype: half only for weights the file does not keep in F32 (routers, which choose experts)."""
+    return dtypes.float16 if self.prefill == "half" and self.weight.ggml_type != GGMLQuantizationType.F32 else dtypes.float32
 
   @property
   def device_tensors(self) -> list[Tensor]:
@@ -111,6 +133,9 @@ class _PackedWeight:
     dense_int8 = self.int8 and sel is None
     if isinstance(x, Int8Rows) and not dense_int8:
       raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
+    if isinstance(x, Tensor) and sel is None and self.prefill != "packed" and prod(x.shape[:-1]) > prod(self.weight.shape[:-2]):
+      w = self.weight.dequantize() if self.cache is None else self.cache
+      return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype)
     if dense_int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)

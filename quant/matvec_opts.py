@@ -97,12 +97,13 @@ class MatvecOpts:
     return sorted(set(self.compiled_shapes) - dict(self.tuned).keys())
 
 def kernel_settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forced: Sizes | None = None, pdl: bool = False,
-                    prefetch: bool = False, beam: int | None = None, jit_batch_size: int | None = None) -> KernelSettings:
+                    prefetch: bool = False, beam: int | None = None, jit_batch_size: int | None = None,
+                    tensor_cores: bool = True) -> KernelSettings:
   """The kernel settings of a runtime or a matvec measurement: MatvecOpts of `row_upcast` rows (0: tinygrad's heuristic for
   every kernel, GPU ones too) with GPU sizes `tuned` per kernel shape and `forced` (else TINYZOO_GPU_MATVEC's) on every
-  kernel; programmatic launch, its prefetch only with it; tinygrad's BEAM and JIT batch size."""
+  kernel; programmatic launch, its prefetch only with it; tinygrad's BEAM and JIT batch size; tensor cores or none."""
   opts = MatvecOpts.of(row_upcast, tuned or {}, forced or forced_from_env()) if row_upcast else None
-  return KernelSettings(opts, pdl, pdl and prefetch, beam, jit_batch_size)
+  return KernelSettings(opts, pdl, pdl and prefetch, beam, jit_batch_size, tensor_cores)
 
 def kernel_shape(k: Scheduler) -> str:
   """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x4x2x64x4' (rows,

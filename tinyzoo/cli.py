@@ -9,7 +9,7 @@ from quant.qtensor import UnsupportedType
 USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 
 LLAMA_BENCH_HELP = ("measure llama.cpp with this llama-bench binary (a CUDA build, all layers offloaded) instead of llama-cpp-python: "
-                    "its decode of --tokens tokens after --prompt-tokens of context")
+                    "its pp of --pp tokens and its decode of --tokens tokens after --prompt-tokens of context")
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
 
 def model_label(model: str | None) -> str:
@@ -79,10 +79,10 @@ def model_hints(args, path):
 
 def bench_config(args, path):
   from experiments.bench import BenchConfig
-  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1))):
+  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1)), ("--pp", args.pp)):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  return BenchConfig(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), warmup=args.warmup,
+  return BenchConfig(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
 
@@ -149,6 +149,8 @@ def trial_noter(args):
     print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
   return note
 
+TUNE_PP = 64
+
 def cmd_tune(args) -> None:
   import datetime
   from experiments.bench import BenchConfig
@@ -157,7 +159,8 @@ def cmd_tune(args) -> None:
   from profiles.device import device_name, profile_path, resolve_hints, save_hints
   if args.budget <= 0 or args.tokens < 1: raise ValueError("--budget and --tokens must be positive")
   path = resolve_model(args.model)
-  start = BenchConfig(resolve_hints(path, {}), tokens=args.tokens, peer=False)
+  # trials rank decode: their prompt processing is timed on one short prompt
+  start = BenchConfig(resolve_hints(path, {}), tokens=args.tokens, pp=TUNE_PP, peer=False)
   records = tune(path, model_label(args.model), start, args.budget, trial_noter(args))
   print(results_table(records))
   if args.no_save: return
@@ -195,6 +198,8 @@ def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") ->
 def add_bench_options(s: argparse.ArgumentParser) -> None:
   """Sizes of a decode benchmark, and the requantized copy an experiment may measure."""
   s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length, the context before the timed decode (default 32)")
+  s.add_argument("--pp", type=int, default=512, metavar="N", help="prompt processing measured on a prompt of N tokens from an empty "
+                 "context, after the prefill JIT is captured, as llama-bench's ppN (default 512)")
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
 

@@ -19,20 +19,32 @@ def fake_llama_bench(tmp_path: Path, body: str) -> str:
   exe.chmod(0o755)
   return str(exe)
 
-def test_llama_bench_peer_runs_tg_at_depth_and_reads_its_json(tmp_path: Path):
-  out = {"build_commit": "abc123", "backends": "CUDA", "gpu_info": "NVIDIA H100 80GB HBM3", "avg_ts": 923.7, "stddev_ts": 33.7,
-         "n_depth": 32, "n_gen": 128}
-  exe = fake_llama_bench(tmp_path, f"open({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv[1:]))\nprint(json.dumps([{out!r}]))")
-  peer = peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128)
-  assert peer is not None and peer["tok_s"] == 923.7 and peer["ms_per_token"] == pytest.approx(1e3 / 923.7, abs=1e-3)
+# llama-bench's tests for its arguments as it runs them: for each depth, a pp test of -p tokens, then a tg test of -n
+FAKE_TESTS = """
+a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+tests = [{"build_commit": "abc123", "backends": "CUDA", "gpu_info": "NVIDIA H100 80GB HBM3", "n_prompt": p, "n_gen": n, "n_depth": d,
+          "avg_ts": (40000.0 if p else 900.0) + d, "stddev_ts": 33.7}
+         for d in map(int, a["-d"].split(",")) for p, n in ((int(a["-p"]), 0), (0, int(a["-n"]))) if p or n]
+print(json.dumps(tests))
+"""
+
+def test_llama_bench_peer_runs_pp_and_tg_at_depth_and_reads_its_json(tmp_path: Path):
+  exe = fake_llama_bench(tmp_path, f"open({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv[1:]))" + FAKE_TESTS)
+  peer = peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128, 512)
+  assert peer is not None and peer["tok_s"] == 932.0 and peer["ms_per_token"] == pytest.approx(1e3 / 932.0, abs=1e-3)
+  assert peer["pp_tok_s"] == 40000.0 and peer["pp_tokens"] == 512 and peer["depth"] == 32
   assert "abc123" in peer["engine"] and "H100" in peer["engine"]
-  assert (tmp_path / "argv").read_text() == "-m model.gguf -p 0 -n 128 -d 32 -ngl 99 -r 3 -o json"
+  assert (tmp_path / "argv").read_text() == "-m model.gguf -p 512 -n 128 -d 0,32 -ngl 99 -r 3 -o json"
+  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", 0, 16, 64)["tok_s"] == 900.0
 
 def test_llama_bench_peer_failures_are_one_line_and_none(tmp_path: Path, capsys):
   exe = fake_llama_bench(tmp_path, "sys.exit('error: failed to load model')")
-  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128) is None
-  assert peer_llamacpp.run_llama_bench(str(tmp_path / "missing"), "model.gguf", 32, 128) is None
+  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128, 512) is None
+  assert peer_llamacpp.run_llama_bench(str(tmp_path / "missing"), "model.gguf", 32, 128, 512) is None
   assert "failed to load model" in capsys.readouterr().err
+  no_pp = fake_llama_bench(tmp_path, "print(json.dumps([]))")
+  assert peer_llamacpp.run_llama_bench(no_pp, "model.gguf", 32, 128, 512) is None
+  assert "printed no pp512 at depth 0 or tg128 at depth 32" in capsys.readouterr().err
 
 def test_journal_takes_the_commit_a_copied_tree_is_told(monkeypatch):
   monkeypatch.setenv("TINYZOO_COMMIT", "662cd1501f7c")

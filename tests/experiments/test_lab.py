@@ -18,7 +18,7 @@ from models.synth import synthesize
 def tiny(tmp_path_factory) -> Path:
   return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
 
-SMALL = BenchConfig(prompt_tokens=4, tokens=3, warmup=1, peer=False)
+SMALL = BenchConfig(prompt_tokens=4, tokens=3, pp=6, warmup=1, peer=False)
 
 def test_profile_accounts_for_every_kernel(tiny: Path):
   record = bench(tiny, "tiny", SMALL)
@@ -41,7 +41,7 @@ def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
   (defs / "iso.yaml").write_text("""
 description: isolation on the tiny model
 model: tiny
-bench: {prompt_tokens: 4, tokens: 3, warmup: 1}
+bench: {prompt_tokens: 4, tokens: 3, pp: 6, warmup: 1}
 baseline: {name: full, switches: {}}
 variants:
   - {name: attention only, switches: {skip: [ffn]}}

@@ -1,19 +1,20 @@
-"""The dense architectures against an independent float64 numpy forward pass, through prefill (a whole JIT chunk) and
-jitted decode steps at growing positions: the real smollm2-135m (Llama) and gemma3-270m, and Qwen3 on its synthetic
-preset."""
+"""The dense architectures against an independent float64 numpy forward pass, through prefill (a whole chunk and a
+padded partial one, under this device's prefill matmul) and jitted decode steps at growing positions: the real
+smollm2-135m (Llama) and gemma3-270m, and Qwen3 on its synthetic preset."""
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
 from models.catalog import resolve_model
-from models.runtime import PREFILL_CHUNK, Runtime
+from models.runtime import Runtime
+from profiles.hints import resolve
 from tests.models.numpy_reference import forward
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen3-0.6b-tiny"])
 def test_logits_match_float64_reference(model: str, rng: np.random.Generator):
-  rt = Runtime(resolve_model(model), max_context=64)
+  rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16}), max_context=64)
   vocab = min(20000, rt.cfg.vocab_size)
-  ids = rng.integers(10, vocab, size=PREFILL_CHUNK + 3).tolist()
-  got = rt.prefill(ids).numpy()[0]   # one prefill chunk, then three jitted decode steps
+  ids = rng.integers(10, vocab, size=rt.chunk + 3).tolist()
+  got = rt.prefill(ids).numpy()[0]   # a whole chunk and one padded after 3 tokens, then three jitted decode steps
   for extra in range(3):             # and decode steps on our own
     ids.append(int(rng.integers(10, vocab)))
     got = rt.decode(ids[-1], len(ids) - 1).numpy()[0]

@@ -35,6 +35,30 @@ def test_linear(t: T, strategy: str, rng: np.random.Generator):
     if lin.int8: x = round_activations(Tensor(x), t, "ggml").numpy()   # x is read in 8 bits, rounded as ggml does
     assert_fp32_close(got, x @ w.T + bias, np.abs(x) @ np.abs(w).T + np.abs(bias), f"{t.name} {strategy} batch {batch}")
 
+@pytest.mark.parametrize("prefill", ["half", "float"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.MXFP4, T.F16, T.F32], ids=lambda t: t.name)
+def test_prefill_gemm(t: T, prefill: str, rng: np.random.Generator):
+  """Rows of a prompt chunk through the GEMM: the weights dequantized once (a kernel of their own), x and the weights
+  in half (F32 weights in float) summed in float32, with a per-index weight [H, out, in] as MLA's; one row stays a matvec."""
+  half = prefill == "half" and t != T.F32
+  rounded = (lambda a: a.astype(np.float16).astype(np.float64)) if half else (lambda a: a.astype(np.float64))
+  for lead in [(), (3,)]:
+    raw = random_blocks(t, (*lead, OUT, IN), rng, scale=0.1)
+    w = quants.dequantize(raw, t).reshape(*lead, OUT, IN)
+    lin = QuantLinear(QTensor.from_bytes(raw, t, (*lead, OUT, IN)), strategy="packed_dot", prefill=prefill)
+    x = rng.standard_normal((2, 5, *lead, IN)).astype(np.float32)
+    got = lin(Tensor(x)).numpy()
+    want = np.einsum("...i,...oi->...o", rounded(x), rounded(w))
+    bound = np.einsum("...i,...oi->...o", np.abs(x), np.abs(w))
+    assert_fp32_close(got, want, bound, f"{t.name} {prefill} lead {lead}")
+  one = TinyJit(lambda x: lin(x).realize())
+  for _ in range(3): one(Tensor.randn(1, 1, 3, IN).realize())
+  assert count_kernels(one) == 1   # one token: the packed matvec, no dequantized copy
+
+def test_unknown_prefill_matmul(rng: np.random.Generator):
+  with pytest.raises(ValueError, match="unknown prefill matmul 'tc'"):
+    QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (OUT, IN), rng), T.Q4_0, (OUT, IN)), prefill="tc")
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4, T.F16], ids=lambda t: t.name)
 def test_matvec_is_one_kernel(t: T, strategy: str, rng: np.random.Generator):

@@ -402,3 +402,13 @@ def test_gpu_folded_norm_halves_rows_only_for_small_kernels(rows: int, per_threa
   upcasts = [o.arg for o in opts if o.op is OptOps.UPCAST and o.axis == 0]
   assert upcasts == ([per_thread] if per_thread > 1 else []), opts
   assert builtin_gpu_sizes(rows, 128, 1, 4)[2] == (per_thread if rows > 2048 else 2 * per_thread)
+
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_gpu_prefill_gemm_uses_tensor_cores_unless_told_not_to(tensor_cores: bool, rng: np.random.Generator):
+  """A prompt chunk's GEMM over half inputs (quant.linear.gemm) is left to tinygrad's heuristic, which puts it on
+  Hopper's tensor cores (mma instructions); the `tensor_cores` setting off, it gets none."""
+  from quant.linear import gemm
+  x = Tensor(rng.standard_normal((512, 2048)).astype(np.float16)).realize()
+  w = Tensor(rng.standard_normal((1024, 2048)).astype(np.float16)).realize()
+  with kernel_settings(8, tensor_cores=tensor_cores): src = cuda_source(gemm(w, x, dtypes.float16))
+  assert ("mma.sync" in src) == tensor_cores

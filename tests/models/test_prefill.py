@@ -1,0 +1,45 @@
+"""Prefill in chunks against the token-by-token decode path of the same runtime: prompts of one token, of a chunk less
+one, of whole chunks and of whole chunks plus a padded partial one, under every prefill matmul, for each kind of block
+(dense, sliding window with soft cap and q/k norms, MoE with sinks, latent attention with MoE). The float64 reference
+of whole models is tests/models/test_models.py's; this checks that chunking and padding change nothing."""
+import numpy as np
+import pytest
+from tinygrad.codegen import to_program_cache
+from models.catalog import resolve_model
+from models.runtime import Runtime
+from profiles.hints import resolve
+from quant.linear import PREFILL_MATMULS
+
+CHUNK = 8
+LENGTHS = (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 5)
+# the fp16 GEMM rounds both its inputs to half (a relative 2^-11 each): through the random tiny models' blocks the
+# logits move by up to about 1% of their scale (gpt-oss-20b-tiny; the GEMM itself is exact on half inputs,
+# tests/quant/test_linear.py), where the float paths agree to float32 rounding
+TOLERANCE = {"packed": 2e-4, "float": 2e-4, "half": 3e-2}
+
+def token_by_token(rt: Runtime, ids: list[int]) -> list[np.ndarray]:
+  return [rt.decode(t, i).numpy()[0] for i, t in enumerate(ids)]
+
+@pytest.mark.parametrize("prefill", PREFILL_MATMULS)
+@pytest.mark.parametrize("model", ["llama3.2-1b-tiny", "gemma3-270m-tiny", "gpt-oss-20b-tiny", "deepseek-v2-lite-tiny"])
+def test_prefill_equals_token_by_token(model: str, prefill: str, rng: np.random.Generator):
+  rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK}), max_context=40)
+  ids = rng.integers(10, rt.cfg.vocab_size, size=max(LENGTHS)).tolist()
+  want = token_by_token(rt, ids)
+  for n in LENGTHS:
+    got = rt.prefill(ids[:n]).numpy()[0]
+    scale = np.abs(want[n - 1]).max()
+    err = np.abs(got - want[n - 1]).max()
+    assert err < TOLERANCE[prefill] * scale, f"{n} tokens: max err {err:.4g} at logit scale {scale:.3g}"
+    if prefill != "half": assert np.argmax(got) == np.argmax(want[n - 1])
+  # every length replayed one capture: prompts of other lengths compile nothing
+  captured, compiled = rt._prefill.captured, len(to_program_cache)
+  assert captured is not None
+  rt.prefill(ids[:3]).realize()
+  rt.prefill(ids[:2 * CHUNK + 2]).realize()
+  assert rt._prefill.captured is captured and len(to_program_cache) == compiled
+
+def test_prefill_chunk_is_bounded_by_the_context():
+  rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": 4096}), max_context=24)
+  assert rt.chunk == 24
+  assert rt.prefill(list(range(10, 34))).shape == (1, rt.cfg.vocab_size)
