@@ -49,17 +49,26 @@ def buffer_labels(labels: list[tuple[str, LabelKind, object]]) -> Labels:
 
 _PRIORITY: dict[str, int] = {"matmul": 0, "experts": 0, "cache": 1, "table": 2, "vector": 3}
 
+def _elements(u: UOp) -> int:
+  return math.prod(u.shape) if u.shape is not None and all(isinstance(d, int) for d in u.shape) else 0
+
 def _nbytes(u: UOp) -> int | None:
   return math.prod(u.shape) * u.dtype.itemsize if u.shape is not None and all(isinstance(d, int) for d in u.shape) else None
 
 def _contracts(k: Kernel) -> bool:
-  """Whether a reduce combines two inputs, one of them much larger than its output: a GEMV over weights dequantized
-  into a buffer by an earlier kernel, where no labelled weight is read."""
+  """Whether a reduce combines two inputs, one of them much larger than its output (a GEMV over weights dequantized into
+  a buffer by an earlier kernel, where no labelled weight is read), or two matrices along a long shared axis (a GEMM)."""
   if (prg := k.program) is None: return False
   args = get_call_arg_uops(k.call)
   ins = [n for i in prg.arg.ins if (n := _nbytes(args[prg.arg.globals[i]])) is not None]
   outs = [n for i in prg.arg.outs if (n := _nbytes(args[prg.arg.globals[i]])) is not None]
-  return len(ins) >= 2 and bool(outs) and max(ins) >= 16 * max(outs)
+  if len(ins) < 2 or not outs: return False
+  if max(ins) >= 16 * max(outs): return True
+  # a GEMM of two matrices [M, K] and [N, K] into [M, N] (a prompt chunk's, over weights dequantized first): K is
+  # sqrt(a * b / out) in elements, and the smaller matrix holds many rows of it
+  a, b, out = *sorted(_elements(args[prg.arg.globals[i]]) for i in prg.arg.ins)[-2:], max(_elements(args[prg.arg.globals[i]]) for i in prg.arg.outs)
+  k = math.sqrt(a * b / out) if out else 0.0
+  return k >= 16 and a >= 16 * k
 
 def category(k: Kernel, kinds: set[str]) -> str:
   if k.is_reduce: return "matmul" if kinds & {"matmul", "experts", "cache"} or _contracts(k) else "reduce"
@@ -184,11 +193,40 @@ def _kernel_table(rows: list[KernelRow], with_block: bool) -> list[str]:
 
 def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in rows]
 
-def profile_model(path, name: str, cfg, repeats: int = 5) -> tuple[str, list[KernelRow], str]:
+def profile_model(path, name: str, cfg, repeats: int = 5, prefill: bool = False) -> tuple[str, list[KernelRow], str]:
   """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
   kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean.
-  Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed."""
-  return _profile(cfg.model_file(path), name, cfg, repeats)
+  Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed.
+  With `prefill`, the same of one prompt chunk (cfg.pp tokens, at most a chunk), and the rate its GEMMs reached."""
+  return (_profile_prefill if prefill else _profile)(cfg.model_file(path), name, cfg, repeats)
+
+def dense_block_weights(rt) -> int:
+  """Elements of the blocks' dense matmul weights: a prompt token costs twice that in FLOPs there (experts apart)."""
+  from quant.linear import QuantLinear
+  in_blocks = {id(t) for name, kind, t in rt.weights.labels if kind == "matmul" and name.startswith("blk.")}
+  return sum(math.prod(lin.weight.shape) for lin in rt.weights.linears
+             if type(lin) is QuantLinear and any(id(t) in in_blocks for t in lin.device_tensors))
+
+def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
+  from experiments.bench import prompt_ids
+  from experiments.journal import device_name
+  if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
+  rt = cfg.runtime(path, cfg.pp)
+  ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
+  times: dict[UOp, list[list[float]]] = {}
+  for _ in range(2): rt.prefill(ids).realize()   # compile, capture
+  with timed_replays(times):
+    for _ in range(repeats): rt.prefill(ids).realize()
+  linear = rt._prefill.captured.linear
+  rows = rows_for(linear, buffer_labels(rt.weights.labels), times.get(linear, []))
+  # the weights' matmuls: attention's read a cache
+  gemm_us = sum(r.us or 0.0 for r in rows if r.category == "matmul" and not r.module.endswith("cache"))
+  flops = 2 * rt.chunk * dense_block_weights(rt)
+  title = (f"{name}: one prompt chunk of {len(ids)} tokens ({rt.chunk} computed) on {device_name()}, {cfg.describe()}; "
+           f"the blocks' dense matmuls are {flops / 1e9:.1f} GFLOP, {flops / gemm_us / 1e6 if gemm_us else 0:.2f} TFLOP/s over the time "
+           f"of the matmul kernels that read no cache ({gemm_us / 1e3:.2f} ms)")
+  note = f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included)."
+  return title, rows, note
 
 NCU_RANGE = "TINYZOO_NCU_RANGE"   # set in the process Nsight Compute profiles: one step inside cuProfilerStart/Stop
 

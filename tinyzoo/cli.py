@@ -109,7 +109,8 @@ def cmd_profile(args) -> None:
   import json
   from experiments.profile import as_json, ncu_kernel_times, profile_model, report
   if args.ncu: title, rows, note = ncu_kernel_times([a for a in sys.argv[2:] if a not in ("--ncu", "--json")])
-  else: title, rows, note = profile_model(path := resolve_model(args.model), model_label(args.model), bench_config(args, path), args.repeats)
+  else: title, rows, note = profile_model(path := resolve_model(args.model), model_label(args.model), bench_config(args, path), args.repeats,
+                                          args.chunk)
   print(json.dumps({"title": title, "note": note, "kernels": as_json(rows)}, indent=1) if args.json else report(title, rows, note, args.all))
 
 def cmd_exp(args) -> None:
@@ -293,6 +294,8 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("model", nargs="?", help=MODEL_HELP)
   s.add_argument("--repeats", type=int, default=5, help="timed replays; times are medians (default 5)")
   s.add_argument("--all", action="store_true", help="also list every kernel in replay order")
+  s.add_argument("--chunk", action="store_true", help="profile one prompt chunk (a prompt of --pp tokens, at most one chunk) instead "
+                 "of a decode step, and say the TFLOP/s its matmul kernels reached on the blocks' dense weights")
   s.add_argument("--json", action="store_true", help='print {"title", "note", "kernels": [...]} instead')
   s.add_argument("--ncu", action="store_true", help="on an NVIDIA GPU: each kernel's own device time inside its CUDA graph, measured "
                  "by Nsight Compute (ncu on the PATH) on one replayed step, instead of launching kernels alone")
