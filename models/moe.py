@@ -52,10 +52,18 @@ class MoE:
     self.shared = FeedForward(w, prefix, activation, suffix="_shexp") if cfg.n_shared else None
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
-    """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can."""
+    """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can. A
+    prompt chunk's rows (a prefill GEMM's) go through every expert, each expert's weights read once for the chunk, and
+    the experts a row did not choose weigh 0 in its sum."""
     c = self.cfg
     logits = self.router.normed(x) if isinstance(x, NormedInput) else self.router(x)
     weights, sel = route(logits, c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
+    if self.gate_up.gemm_rows(x):
+      xv = x.value() if isinstance(x, NormedInput) else x
+      mix = (sel.unsqueeze(-1) == Tensor.arange(c.n_experts)).where(weights.unsqueeze(-1), 0.0).sum(-2)   # [..., experts]
+      h = gated_down_input(self.activation, self.gate_up.every_expert(xv), False, self.act_break, self.act_in_matmul)
+      out = self.down.mixed_every_expert(h, mix)
+      return out if self.shared is None else out + self.shared(x)
     # one input row [B, T, 1, dim] shared by the k experts
     if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)
     else: gate_up = self.gate_up(x.unsqueeze(-2), sel)

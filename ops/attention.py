@@ -146,8 +146,12 @@ def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Te
 
 def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None) -> Tensor:
   """softmax(logits) times the values [..., n, CHUNK, Dv], the logits less `peak` before exp and the division after the
-  value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator."""
+  value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator.
+  Logits of several query rows (a prompt chunk) have their weights realized first."""
   e = (logits - peak).exp()
+  # a prompt chunk's weights realized: read where the values are summed, each exp would be computed again for every
+  # output column (a decode step's single row is cheaper computed there than written)
+  if logits.shape[-3] > 1: e = e.contiguous()
   sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
   return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
 

@@ -103,10 +103,17 @@ class _PackedWeight:
     self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") else None
     self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # dense matmuls read x in 8 bits
 
-  @property
-  def _gemm_dtype(self) -> DTypeLike:
-    """A prefill GEMM's input dtype: half only for weights the file does not keep in F32 (routers, which choose experts)."""
-    return dtypes.float16 if self.prefill == "half" and self.weight.ggml_type != GGMLQuantizationType.F32 else dtypes.float32
+  def gemm_rows(self, x: Tensor | NormedInput) -> bool:
+    """Whether x holds several rows for each matrix (a prompt chunk) that a prefill GEMM multiplies."""
+    return self.prefill != "packed" and prod(x.shape[:-1]) > prod(self.weight.shape[:-2])
+
+  def _float_weights(self) -> Tensor: return self.weight.dequantize() if self.cache is None else self.cache
+
+  def _gemm(self, w: Tensor, x: Tensor) -> Tensor:
+    """gemm() of x (rounded as the activations are) with float weights w, in half unless the prefill is float or the
+    file keeps the weights in F32 (routers, which choose experts)."""
+    half = self.prefill == "half" and self.weight.ggml_type != GGMLQuantizationType.F32
+    return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), dtypes.float16 if half else dtypes.float32)
 
   @property
   def device_tensors(self) -> list[Tensor]:
@@ -133,9 +140,7 @@ class _PackedWeight:
     dense_int8 = self.int8 and sel is None
     if isinstance(x, Int8Rows) and not dense_int8:
       raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
-    if isinstance(x, Tensor) and sel is None and self.prefill != "packed" and prod(x.shape[:-1]) > prod(self.weight.shape[:-2]):
-      w = self.weight.dequantize() if self.cache is None else self.cache
-      return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype)
+    if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self._gemm(self._float_weights(), x)
     if dense_int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
@@ -163,6 +168,10 @@ class QuantLinear(_PackedWeight):
 
 class QuantExperts(_PackedWeight):
   """Expert-indexed matmul over W [experts, out, in] (bias [experts, out]): only the k selected experts' weights are read."""
+  def gemm_rows(self, x: Tensor | NormedInput) -> bool:
+    """Whether x holds several rows (a prompt chunk) for every_expert's GEMM."""
+    return self.prefill != "packed" and prod(x.shape[:-1]) > 1
+
   def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
     """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
     y = self._matmul(x, sel)
@@ -173,6 +182,21 @@ class QuantExperts(_PackedWeight):
     if not self._folds(n): return self(n.value(), sel)
     y = self._normed_dot(n, sel)
     return (y if self.bias is None else y + self.bias[sel]).cast(n.x.dtype)
+
+  def every_expert(self, x: Tensor) -> Tensor:
+    """Every expert's matmul of every row (a prompt chunk: gemm_rows), each expert's weights read once for all of them,
+    as one GEMM over the experts' joined rows: x [..., in] -> [..., experts, out]."""
+    E, O, I = self.weight.shape
+    y = self._gemm(self._float_weights().reshape(E * O, I), x).unflatten(-1, (E, O))
+    return y if self.bias is None else y + self.bias
+
+  def mixed_every_expert(self, h: Tensor, mix: Tensor) -> Tensor:
+    """sum over experts e of mix[..., e] * (W[e] @ h[..., e, :] + bias[e]), as one GEMM over the experts' joined
+    inputs (a prompt chunk's rows, each with the weights of the experts it did not choose 0): h [..., experts, in],
+    mix [..., experts] -> [..., out]."""
+    E, O, I = self.weight.shape
+    y = self._gemm(self._float_weights().permute(1, 0, 2).reshape(O, E * I), (h * mix.unsqueeze(-1)).flatten(-2))
+    return y if self.bias is None else y + (mix.unsqueeze(-1) * self.bias).sum(-2)
 
   def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""

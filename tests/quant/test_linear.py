@@ -137,6 +137,32 @@ def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
   assert got.shape == (3, OUT)
   assert_fp32_close(got, want, bound, f"{t.name} {strategy}")
 
+@pytest.mark.parametrize("prefill", ["half", "float"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.MXFP4, T.Q8_0], ids=lambda t: t.name)
+def test_prefill_experts_every_expert_then_mixed(t: T, prefill: str, rng: np.random.Generator):
+  """A prompt chunk's MoE: every expert's matmul of every row, then the mixed sum over experts as one GEMM, against float64
+  on the inputs the GEMM reads (half-rounded under half)."""
+  rounded = (lambda a: a.astype(np.float16).astype(np.float64)) if prefill == "half" else (lambda a: a.astype(np.float64))
+  raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
+  w = quants.dequantize(raw, t).reshape(E, OUT, IN)
+  bias = rng.standard_normal((E, OUT)).astype(np.float32)
+  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy="packed_words", prefill=prefill)
+  x = rng.standard_normal((2, 5, IN)).astype(np.float32)
+  assert experts.gemm_rows(Tensor(x)) and not experts.gemm_rows(Tensor(x[:1, :1]))
+  got = experts.every_expert(Tensor(x)).numpy()
+  assert_fp32_close(got, np.einsum("tsi,eoi->tseo", rounded(x), rounded(w)) + bias, np.einsum("tsi,eoi->tseo", np.abs(x), np.abs(w)) + np.abs(bias),
+                    f"{t.name} {prefill} every expert")
+  down_raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
+  wd = quants.dequantize(down_raw, t).reshape(E, OUT, IN)
+  down = QuantExperts(QTensor.from_bytes(down_raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy="packed_words", prefill=prefill)
+  h = rng.standard_normal((2, 5, E, IN)).astype(np.float32)
+  mix = np.where(rng.random((2, 5, E)) < 0.5, rng.random((2, 5, E)), 0.0).astype(np.float32)   # unchosen experts weigh 0
+  got = down.mixed_every_expert(Tensor(h), Tensor(mix)).numpy()
+  want = np.einsum("tsei,eoi->tso", rounded(h * mix[..., None]), rounded(wd)) + mix @ bias
+  bound = np.einsum("tsei,eoi->tso", np.abs(h * mix[..., None]), np.abs(wd)) + np.abs(mix) @ np.abs(bias)
+  assert got.shape == (2, 5, OUT)
+  assert_fp32_close(got, want, bound, f"{t.name} {prefill} mixed")
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
   """Every strategy reads only the k selected experts (packed, or from the fp16 cache; int8_dot's as packed_words), in
