@@ -8,6 +8,7 @@ from ops.attention import KVCache, fused_attention
 from ops.activations import Gated
 from ops.norm import NormedInput, rms_norm, rms_scale
 from ops.rope import apply_rope
+from quant.linear import gemm_dtype
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
@@ -55,6 +56,7 @@ class AttentionSpec:
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
     self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.hints.attention, w.hints.softmax, w.hints.norm
+    self.chunk_dtype = gemm_dtype(w.hints.prefill)
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"])
     self.o = w.linear(f"{prefix}.attn_output")
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight") if spec.qk_norm else None
@@ -109,7 +111,7 @@ class Attention:
     B, _, T, _ = q.shape
     out = fused_attention(q, k, v, start_pos, scale=self.spec.scale, q_rope=(*rope, self.spec.interleaved), window=self.spec.window,
                           sinks=self.sinks, softcap=self.spec.softcap, q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
-                          softmax=self.softmax)
+                          softmax=self.softmax, chunk_dtype=self.chunk_dtype)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:

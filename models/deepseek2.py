@@ -23,6 +23,7 @@ from ops.norm import NormedInput, rms_norm
 from ops.rope import Yarn, apply_rope, rope_tables
 from ops.routing import Gating
 from quant.gguf_file import GGUFFile
+from quant.linear import gemm_dtype
 
 ARCH = "deepseek2"
 GATING = {1: Gating.SOFTMAX, 2: Gating.SIGMOID}   # `expert_gating_func` values llama.cpp defines for this architecture
@@ -86,6 +87,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
     self.cfg, self.mla, self.rope, self.scale, self.variant = cfg, mla, rope, scale, w.hints.attention
+    self.chunk_dtype = gemm_dtype(w.hints.prefill)
     r = mla.kv_lora_rank
     self.inputs = w.projections([f"{prefix}.attn_q_a" if mla.q_lora_rank else f"{prefix}.attn_q", f"{prefix}.attn_kv_a_mqa"])
     if mla.q_lora_rank:
@@ -114,7 +116,7 @@ class MLAttention:
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
     q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant).transpose(1, 2))   # [B, T, H, v_dim]
+    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype).transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 
 def _layout(g, cfg: ModelConfig) -> tuple[MLAConfig, MoEConfig | None, int, int]:

@@ -144,20 +144,31 @@ def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Te
   den = e.sum(axis=(-2, -1)).unsqueeze(-1)
   return (e.cast(values.dtype).unsqueeze(-1) * values).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
 
-def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None) -> Tensor:
+def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTypeLike) -> Tensor:
+  """sum(e * v) / sum(e) over positions for several query rows (a prompt chunk): e [B, Hkv, G, T, n, CHUNK] and the
+  values each realized in `dtype` and multiplied by one GEMM per kv head, its query heads' rows together (tensor cores
+  on a GPU in half), summed in float32; the denominator summed apart in float32. Read inside a value sum over the
+  positions, each exp would be computed again for every output column."""
+  B, H, G, T, n, C = e.shape
+  den = e.sum(axis=(-2, -1)).unsqueeze(-1)
+  w = e.cast(dtype).reshape(B, H, G * T, n * C).contiguous()
+  v = values.cast(dtype).reshape(B, H, n * C, values.shape[-1]).contiguous()
+  return w.matmul(v, dtype=dtypes.float32).reshape(B, H, G, T, values.shape[-1]) / (den if sink_term is None else den + sink_term)
+
+def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
+                   chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
   """softmax(logits) times the values [..., n, CHUNK, Dv], the logits less `peak` before exp and the division after the
   value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator.
-  Logits of several query rows (a prompt chunk) have their weights realized first."""
+  Several query rows (a prompt chunk) take gemm_values in `chunk_dtype`."""
   e = (logits - peak).exp()
-  # a prompt chunk's weights realized: read where the values are summed, each exp would be computed again for every
-  # output column (a decode step's single row is cheaper computed there than written)
-  if logits.shape[-3] > 1: e = e.contiguous()
   sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
+  if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
   return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
-              softcap: float|None = None, variant: str = "chunked") -> Tensor:
-  """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too."""
+              softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+  """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too;
+  several query rows sum the values by a GEMM in `chunk_dtype` (gemm_values)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   n, G = chunks_read(L, start_pos, T, variant), Hq // Hkv
   keys = _chunks(k, n)
@@ -168,7 +179,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, G)
   peak = max_peak(logits, sink)
-  return softmax_values(logits, peak, _chunks(v, n), sink, peak).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+  return softmax_values(logits, peak, _chunks(v, n), sink, peak, chunk_dtype).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
 
 class Reads:
   """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any
@@ -239,10 +250,10 @@ def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> T
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
                     key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
-                    softmax: str = "max") -> Tensor:
+                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
-  `softmax` says."""
+  `softmax` says; several query rows sum the values by a GEMM in `chunk_dtype`."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
@@ -270,4 +281,4 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, reads.G)
   if by_self: peak, sink_peak = SELF_MARGIN, None if sink is None else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
   else: peak = sink_peak = max_peak(logits, sink)
-  return softmax_values(logits, peak, _chunks(v, n), sink, sink_peak).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+  return softmax_values(logits, peak, _chunks(v, n), sink, sink_peak, chunk_dtype).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

@@ -24,8 +24,10 @@ class LatentCache:
     """Write c [B, T, r] and k_pe [B, T, d_rope] at start_pos; return the cache rows [B, L, r + d_rope]."""
     return write_positions(self.rows, c.cat(k_pe.cast(c.dtype), dim=-1), start_pos)
 
-def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float, variant: str = "chunked") -> Tensor:
+def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float, variant: str = "chunked",
+                  chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
   """q_lat [B, H, T, r] (q_nope @ Wk[h]), q_pe [B, H, T, d_rope], rows [B, L, r + d_rope] from LatentCache
   -> the latent output [B, H, T, r] (softmax @ c), which Wv[h] expands to the heads' values."""
   kv = rows.unsqueeze(1)
-  return attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale, variant=variant)
+  return attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale, variant=variant,
+                   chunk_dtype=chunk_dtype)

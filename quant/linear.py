@@ -74,6 +74,10 @@ def dense_dot(w: Tensor, x: Tensor) -> Tensor:
   """w [..., O, in], x [..., in] -> [..., O]"""
   return (x.unsqueeze(-2) @ w.transpose(-1, -2)).squeeze(-2)
 
+def gemm_dtype(prefill: str) -> DTypeLike:
+  """The input dtype of a prompt chunk's GEMMs (matmuls, attention's value sums) under a PREFILL_MATMULS choice."""
+  return dtypes.float16 if prefill == "half" else dtypes.float32
+
 def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
   """x @ w.T for many rows of x (a prompt chunk): w [..., O, in] realized in `dtype` once, x [..., *w's leading dims, in]
   too, their products summed in float32 -> [..., O]: on a GPU with half inputs a tensor-core GEMM, each weight read once
@@ -112,8 +116,8 @@ class _PackedWeight:
   def _gemm(self, w: Tensor, x: Tensor) -> Tensor:
     """gemm() of x (rounded as the activations are) with float weights w, in half unless the prefill is float or the
     file keeps the weights in F32 (routers, which choose experts)."""
-    half = self.prefill == "half" and self.weight.ggml_type != GGMLQuantizationType.F32
-    return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), dtypes.float16 if half else dtypes.float32)
+    dtype = gemm_dtype("float" if self.weight.ggml_type == GGMLQuantizationType.F32 else self.prefill)
+    return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), dtype)
 
   @property
   def device_tensors(self) -> list[Tensor]:

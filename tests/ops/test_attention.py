@@ -251,6 +251,18 @@ def test_half_cache_values_round_the_weights_only(seed, rng, sinks):
   np.testing.assert_allclose(half.numpy(), values_with_denominator(e, values.cast(dtypes.float32), sink).numpy(), rtol=2e-3, atol=2e-3,
                              err_msg=f"seed={seed}")
 
+@pytest.mark.parametrize("features", [{}, {"sinks": True, "window": 3}], ids=["", "sinks-window"])
+def test_a_chunks_values_by_a_half_gemm(seed, rng, features):
+  """Several query rows (a prompt chunk) sum the values by a GEMM: in float32 it is the float64 attention (test_attention);
+  in half, the float64 attention of the half-rounded values within the half rounding of the softmax weights."""
+  start_pos, T = CHUNK - 3, 6
+  q, k, v = qkv(rng, T, start_pos + T)
+  sinks = rng.normal(size=HQ).astype(np.float32) if features.get("sinks") else None
+  got = fused_attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, window=features.get("window"),
+                        sinks=None if sinks is None else Tensor(sinks), chunk_dtype=dtypes.float16).numpy()
+  want = ref_attention(q, k, v.astype(np.float16).astype(np.float32), start_pos, D ** -0.5, window=features.get("window"), sinks=sinks)
+  np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, err_msg=f"seed={seed}")
+
 def test_the_plain_path_over_a_half_cache(seed, rng):
   """A half cache meets q rounded to half: plain attention over it is the float64 attention of the rounded q and cache,
   within the half rounding of the softmax weights."""

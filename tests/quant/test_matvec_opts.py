@@ -85,6 +85,15 @@ def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
   info = ProgramInfo.from_sink(cuda_sink(out), cuda_renderer().target)
   return tuple(info.global_size), tuple(info.local_size)
 
+def cuda_sources(out: Tensor) -> str:
+  """The CUDA source of every kernel computing `out`, variables allowed."""
+  from tinygrad.codegen import full_rewrite_to_sink, line_rewrite, pm_linearize_cleanups
+  from tinygrad.codegen.late.linearizer import linearize
+  from tinygrad.uop.ops import Ops
+  linear, _ = out.linear_with_vars()
+  asts = [c.src[0] for c in linear.src if c.src[0].op is Ops.SINK]
+  return "\n".join(cuda_renderer().render(line_rewrite(linearize(full_rewrite_to_sink(a, cuda_renderer())), pm_linearize_cleanups)) for a in asts)
+
 def cuda_source(out: Tensor) -> str:
   from tinygrad.codegen import line_rewrite, pm_linearize_cleanups
   from tinygrad.codegen.late.linearizer import linearize
@@ -412,3 +421,14 @@ def test_gpu_prefill_gemm_uses_tensor_cores_unless_told_not_to(tensor_cores: boo
   w = Tensor(rng.standard_normal((1024, 2048)).astype(np.float16)).realize()
   with kernel_settings(8, tensor_cores=tensor_cores): src = cuda_source(gemm(w, x, dtypes.float16))
   assert ("mma.sync" in src) == tensor_cores
+
+def test_gpu_prompt_chunk_attention_values_on_tensor_cores(rng: np.random.Generator):
+  """A prompt chunk's attention value sum in half (ops.attention.gemm_values) is a GEMM over a symbolic number of cached
+  positions that tinygrad's heuristic still puts on tensor cores."""
+  from tinygrad.uop.ops import UOp
+  from ops.attention import CHUNK, gemm_values
+  n = UOp.variable("n", 1, 16).bind(8)
+  e = Tensor.empty(1, 8, 4, 512, 16, CHUNK).realize().shrink_to((1, 8, 4, 512, n, CHUNK))
+  values = Tensor.empty(1, 8, 1, 1, 16, CHUNK, 64).realize().shrink_to((1, 8, 1, 1, n, CHUNK, 64))
+  with kernel_settings(8): src = cuda_sources(gemm_values(e, values, None, dtypes.float16))
+  assert "mma.sync" in src
