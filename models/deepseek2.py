@@ -116,7 +116,8 @@ class MLAttention:
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
     q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-    out = self.v_b(mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype).transpose(1, 2))   # [B, T, H, v_dim]
+    latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype)
+    out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 
 def _layout(g, cfg: ModelConfig) -> tuple[MLAConfig, MoEConfig | None, int, int]:
