@@ -144,6 +144,16 @@ def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Te
   den = e.sum(axis=(-2, -1)).unsqueeze(-1)
   return (e.cast(values.dtype).unsqueeze(-1) * values).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
 
+def gemm_logits(q: Tensor, keys: Tensor, dtype: DTypeLike) -> Tensor:
+  """q.k for several query rows (a prompt chunk): q [B, Hkv, G, T, 1, 1, D] and the keys [B, Hkv, 1, 1, n, CHUNK, D]
+  each realized in `dtype` and multiplied by one GEMM per kv head (tensor cores on a GPU in half), summed in float32
+  -> [B, Hkv, G, T, n, CHUNK]."""
+  B, H, G, T, _, _, D = q.shape
+  n, C = keys.shape[-3], keys.shape[-2]
+  qr = q.cast(dtype).reshape(B, H, G * T, D).contiguous()
+  kr = keys.cast(dtype).reshape(B, H, n * C, D).contiguous()
+  return qr.matmul(kr.transpose(-1, -2), dtype=dtypes.float32).reshape(B, H, G, T, n, C)
+
 def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTypeLike) -> Tensor:
   """sum(e * v) / sum(e) over positions for several query rows (a prompt chunk): e [B, Hkv, G, T, n, CHUNK] and the
   values each realized in `dtype` and multiplied by one GEMM per kv head, its query heads' rows together (tensor cores
@@ -168,14 +178,15 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
               softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
   """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too;
-  several query rows sum the values by a GEMM in `chunk_dtype` (gemm_values)."""
+  several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   n, G = chunks_read(L, start_pos, T, variant), Hq // Hkv
   keys = _chunks(k, n)
   shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
-  qg = q.reshape(B, Hkv, G, T, 1, 1, D).expand(shape)
+  qg = q.reshape(B, Hkv, G, T, 1, 1, D)
   if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  logits = (qg.cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
+  if T > 1: logits = gemm_logits(qg, keys, chunk_dtype) * scale
+  else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, G)
   peak = max_peak(logits, sink)

@@ -195,12 +195,13 @@ class QuantExperts(_PackedWeight):
     return y if self.bias is None else y + self.bias
 
   def mixed_every_expert(self, h: Tensor, mix: Tensor) -> Tensor:
-    """sum over experts e of mix[..., e] * (W[e] @ h[..., e, :] + bias[e]), as one GEMM over the experts' joined
-    inputs (a prompt chunk's rows, each with the weights of the experts it did not choose 0): h [..., experts, in],
-    mix [..., experts] -> [..., out]."""
-    E, O, I = self.weight.shape
-    y = self._gemm(self._float_weights().permute(1, 0, 2).reshape(O, E * I), (h * mix.unsqueeze(-1)).flatten(-2))
-    return y if self.bias is None else y + (mix.unsqueeze(-1) * self.bias).sum(-2)
+    """sum over experts e of mix[..., e] * (W[e] @ h[..., e, :] + bias[e]) (a prompt chunk's rows, each with the
+    weights of the experts it did not choose 0): one GEMM per expert over all the rows, then the weighted sum over
+    experts, the GEMMs' outputs realized first: a sum over experts around them would make them one kernel of two
+    reduces, which takes no tensor cores. h [..., experts, in], mix [..., experts] -> [..., out]."""
+    y = self._gemm(self._float_weights(), h).contiguous()
+    if self.bias is not None: y = y + self.bias
+    return (y * mix.unsqueeze(-1)).sum(-2)
 
   def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""

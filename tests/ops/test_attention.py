@@ -251,16 +251,20 @@ def test_half_cache_values_round_the_weights_only(seed, rng, sinks):
   np.testing.assert_allclose(half.numpy(), values_with_denominator(e, values.cast(dtypes.float32), sink).numpy(), rtol=2e-3, atol=2e-3,
                              err_msg=f"seed={seed}")
 
+@pytest.mark.parametrize("plain", [False, True], ids=["fused", "plain"])
 @pytest.mark.parametrize("features", [{}, {"sinks": True, "window": 3}], ids=["", "sinks-window"])
-def test_a_chunks_values_by_a_half_gemm(seed, rng, features):
-  """Several query rows (a prompt chunk) sum the values by a GEMM: in float32 it is the float64 attention (test_attention);
-  in half, the float64 attention of the half-rounded values within the half rounding of the softmax weights."""
+def test_a_chunks_gemms_in_half(seed, rng, features, plain):
+  """Several query rows (a prompt chunk) sum the values (and on the plain path take the logits) by GEMMs: in float32
+  they are the float64 attention (test_attention); in half, the float64 attention of the half-rounded values (and q
+  and keys) within the half rounding of the softmax weights."""
   start_pos, T = CHUNK - 3, 6
   q, k, v = qkv(rng, T, start_pos + T)
   sinks = rng.normal(size=HQ).astype(np.float32) if features.get("sinks") else None
-  got = fused_attention(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5, window=features.get("window"),
-                        sinks=None if sinks is None else Tensor(sinks), chunk_dtype=dtypes.float16).numpy()
-  want = ref_attention(q, k, v.astype(np.float16).astype(np.float32), start_pos, D ** -0.5, window=features.get("window"), sinks=sinks)
+  got = (attention if plain else fused_attention)(Tensor(q), in_cache(rng, k, 2), in_cache(rng, v, 2), start_pos, scale=D ** -0.5,
+                                                  window=features.get("window"), sinks=None if sinks is None else Tensor(sinks),
+                                                  chunk_dtype=dtypes.float16).numpy()
+  h = lambda a: a.astype(np.float16).astype(np.float32)
+  want = ref_attention(h(q) if plain else q, h(k) if plain else k, h(v), start_pos, D ** -0.5, window=features.get("window"), sinks=sinks)
   np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, err_msg=f"seed={seed}")
 
 def test_the_plain_path_over_a_half_cache(seed, rng):

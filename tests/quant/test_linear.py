@@ -140,8 +140,8 @@ def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
 @pytest.mark.parametrize("prefill", ["half", "float"])
 @pytest.mark.parametrize("t", [T.Q4_0, T.MXFP4, T.Q8_0], ids=lambda t: t.name)
 def test_prefill_experts_every_expert_then_mixed(t: T, prefill: str, rng: np.random.Generator):
-  """A prompt chunk's MoE: every expert's matmul of every row, then the mixed sum over experts as one GEMM, against float64
-  on the inputs the GEMM reads (half-rounded under half)."""
+  """A prompt chunk's MoE: every expert's matmul of every row, then every expert's down matmul summed with the routing
+  weights, against float64 on the inputs the GEMMs read (half-rounded under half)."""
   rounded = (lambda a: a.astype(np.float16).astype(np.float64)) if prefill == "half" else (lambda a: a.astype(np.float64))
   raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
   w = quants.dequantize(raw, t).reshape(E, OUT, IN)
@@ -158,8 +158,8 @@ def test_prefill_experts_every_expert_then_mixed(t: T, prefill: str, rng: np.ran
   h = rng.standard_normal((2, 5, E, IN)).astype(np.float32)
   mix = np.where(rng.random((2, 5, E)) < 0.5, rng.random((2, 5, E)), 0.0).astype(np.float32)   # unchosen experts weigh 0
   got = down.mixed_every_expert(Tensor(h), Tensor(mix)).numpy()
-  want = np.einsum("tsei,eoi->tso", rounded(h * mix[..., None]), rounded(wd)) + mix @ bias
-  bound = np.einsum("tsei,eoi->tso", np.abs(h * mix[..., None]), np.abs(wd)) + np.abs(mix) @ np.abs(bias)
+  want = np.einsum("tse,tsei,eoi->tso", mix, rounded(h), rounded(wd)) + mix @ bias
+  bound = np.einsum("tse,tsei,eoi->tso", mix, np.abs(h), np.abs(wd)) + mix @ np.abs(bias)
   assert got.shape == (2, 5, OUT)
   assert_fp32_close(got, want, bound, f"{t.name} {prefill} mixed")
 

@@ -432,3 +432,18 @@ def test_gpu_prompt_chunk_attention_values_on_tensor_cores(rng: np.random.Genera
   values = Tensor.empty(1, 8, 1, 1, 16, CHUNK, 64).realize().shrink_to((1, 8, 1, 1, n, CHUNK, 64))
   with kernel_settings(8): src = cuda_sources(gemm_values(e, values, None, dtypes.float16))
   assert "mma.sync" in src
+
+def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
+  """A prompt chunk's MoE (QuantExperts.every_expert, then mixed_every_expert) runs its two expert GEMMs on tensor cores:
+  the weighted sum over experts is a kernel of its own, not a second reduce inside the down GEMM."""
+  from gguf import GGMLQuantizationType
+  from quant.qtensor import QTensor
+  E, O, F, rows = 8, 512, 256, 128
+  def experts(out: int, inp: int) -> QuantExperts:
+    blocks = Tensor.empty(E, out, inp // 32, 18, dtype=dtypes.uint8).realize()
+    return QuantExperts(QTensor(blocks, GGMLQuantizationType.Q4_0, (E, out, inp)), strategy="packed_words", prefill="half")
+  x, mix = Tensor.empty(1, rows, O).realize(), Tensor.empty(1, rows, E).realize()
+  gate_up = experts(2 * F, O).every_expert(x)
+  h = (gate_up[..., :F].silu() * gate_up[..., F:]).contiguous()
+  with kernel_settings(8): src = cuda_sources(experts(O, F).mixed_every_expert(h, mix))
+  assert src.count("mma.sync") >= 2 and len([k for k in src.split("extern \"C\"") if "mma.sync" in k]) == 2
