@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 import yaml
 from experiments.bench import BenchConfig, bench
+from models.catalog import model_label
 from profiles.hints import HINTS, check
 
 DEFS = Path(__file__).with_name("defs")
@@ -98,21 +99,23 @@ def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = 
   records = []
   for v in chosen:
     cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
-    record = {**bench(path, name, cfg), "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
+    record = {**bench(path, model_label(name), cfg), "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
     on_record(record)
     records.append(record)
   return records
 
 def results_table(records: list[dict]) -> str:
-  """Variants beside their baseline: kernels/token and tok/s with the change from the baseline."""
+  """Variants beside their baseline: kernels/token, tok/s and prompt processing tok/s with the changes from the baseline."""
   base = next(r for r in records if r["baseline"])["metrics"]
-  head = f"{'variant':<24} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8}"
+  head = (f"{'variant':<24} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8} "
+          f"{'pp tok/s':>9} {'Δ pp':>8}")
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
     dk, ds = m["kernels_per_token"] - base["kernels_per_token"], 100 * (m["tok_s"] / base["tok_s"] - 1)
+    dp = 100 * (m["pp_tok_s"] / base["pp_tok_s"] - 1)
     lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['kernels_per_token']:>11} {dk:>+9} {m['tok_s']:>8.2f} "
-                 f"{ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f}")
+                 f"{ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f} {m['pp_tok_s']:>9.1f} {dp:>+7.1f}%")
   return "\n".join(lines)
 
 def describe(exp: Experiment, journal_records: list[dict]) -> str:

@@ -1,5 +1,5 @@
 """Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run, speed against the memory
-floor and the peers, the kernel mix, and tok/s over commits.
+floor and the peers, the kernel mix, tok/s over commits, and prompt processing per model against the peer's.
 
 Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), written whole or not at all: saved to a
 temp file beside the target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from experiments.journal import commit_times
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
-KINDS = ("kernels", "speed", "breakdown", "history")
+KINDS = ("kernels", "speed", "breakdown", "history", "pp")
 FORMATS = ("png", "svg", "pdf")
 DPI = 120
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible
@@ -200,6 +200,35 @@ def _speed(records: list[dict], experiment: str | None, model: str | None, notes
              Line2D([], [], color=FLOOR_COLOR, marker="_", ms=14, mew=2.5, ls="", label="memory floor")]
   return fig, handles + [Line2D([], [], color=c, ls=ls, label=f"{engine} (peer)") for engine, (c, ls) in styles.items()]
 
+def _pp(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  """Prompt processing per model and device: the newest record with a peer's pp of the same prompt length, tinyzoo's
+  pp tok/s beside the peer's, the ratio over each pair."""
+  def measured(r: dict) -> bool:
+    m, peer = _metrics(r), r.get("peer") if isinstance(r.get("peer"), dict) else {}
+    return _number(m.get("pp_tok_s")) and _number(peer.get("pp_tok_s")) and peer.get("pp_tokens") == m.get("pp_tokens") and \
+      (experiment is None or r.get("experiment") == experiment) and (model is None or r.get("model") == model)
+  newest: dict[tuple, dict] = {}
+  for r in sorted(filter(measured, records), key=_time): newest[(str(r.get("model")), short_device(str(r.get("device"))))] = r
+  if not newest: raise ValueError("no record has prompt processing beside a peer's of the same length (bench --pp with llama.cpp)")
+  keys = sorted(newest)
+  fig = Figure(figsize=(max(6.0, 1.5 * len(keys) + 2), 4.8))
+  ax = fig.add_subplot()
+  ours, theirs = [_metrics(newest[k])["pp_tok_s"] for k in keys], [newest[k]["peer"]["pp_tok_s"] for k in keys]
+  x = range(len(keys))
+  ax.bar([i - 0.2 for i in x], ours, width=0.4, color=VARIANT_COLOR)
+  ax.bar([i + 0.2 for i in x], theirs, width=0.4, color=PEER_STYLES[0][0])
+  for i, (a, b) in enumerate(zip(ours, theirs)):
+    ax.annotate(f"{a / b:.2f}x", (i, max(a, b)), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8, bbox=LABEL_BOX)
+  ax.set_yscale("log")
+  ax.set_ylim(min(ours + theirs) / 2, max(ours + theirs) * 4)
+  ax.set_xticks(list(x), [f"{m}\n{d}\n{_metrics(newest[(m, d)]).get('pp_tokens')} tokens" for m, d in keys], fontsize=7)
+  ax.set_ylabel("prompt tok/s (log scale)", fontsize=9)
+  devices = ", ".join(dict.fromkeys(d for _, d in keys))
+  ax.set_title(f"prompt processing from an empty context, JIT steady state, beside llama.cpp in the same run · {devices}", fontsize=10)
+  commits = ", ".join(sorted({str(newest[k].get("commit")) for k in keys}))
+  notes.append(f"newest record per model and device; commits {commits}")
+  return fig, [Patch(color=VARIANT_COLOR, label="tinyzoo"), Patch(color=PEER_STYLES[0][0], label="llama.cpp (peer)")]
+
 def _categories(r: dict) -> dict | None:
   cats = _metrics(r).get("kernel_categories")
   return cats if isinstance(cats, dict) and cats and all(_number(v) for v in cats.values()) else None
@@ -288,7 +317,7 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''} · {models}\n{devices}", fontsize=10)
   return fig, []
 
-DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history}
+DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp}
 
 def figure(records: list[dict], kind: str, experiment: str | None = None, model: str | None = None) -> Figure:
   """The chart as a matplotlib Figure (not saved); ValueError, one line, when there is nothing to draw."""

@@ -14,6 +14,10 @@ SYNTH_PREFIX = "synth:"
 
 class ModelNotFound(Exception): pass
 
+def model_label(model: str | None) -> str:
+  """The name a record carries: a registered or synthetic name as given, a file by its name without .gguf."""
+  return Path(model).name.removesuffix(".gguf") if model and model.endswith(".gguf") else model or DEFAULT_MODEL
+
 @dataclass(frozen=True)
 class RealModel:
   name: str

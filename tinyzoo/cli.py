@@ -2,7 +2,7 @@
 import argparse
 import sys
 from pathlib import Path
-from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, resolve_model
+from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, model_label, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
 
@@ -11,10 +11,6 @@ USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 LLAMA_BENCH_HELP = ("measure llama.cpp with this llama-bench binary (a CUDA build, all layers offloaded) instead of llama-cpp-python: "
                     "its pp of --pp tokens and its decode of --tokens tokens after --prompt-tokens of context")
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
-
-def model_label(model: str | None) -> str:
-  """The name a record carries: a registered or synthetic name as given, a file by its name without .gguf."""
-  return Path(model).name.removesuffix(".gguf") if model and model.endswith(".gguf") else model or DEFAULT_MODEL
 
 def cmd_info(args) -> None:
   from tinyzoo.info import describe
@@ -326,10 +322,11 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_exp)
 
   from experiments.plot import KINDS
-  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history",
+  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing",
                      description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
                                  "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
-                                 "and kernels/token over commits. Experiments show their latest run.")
+                                 "and kernels/token over commits; pp: prompt processing tok/s per model beside llama.cpp's of the same "
+                                 "prompt length (bench --pp), the newest record of each. Experiments show their latest run.")
   s.add_argument("journal", nargs="?", default=None, help="a journal file (default: yours, $TINYZOO_JOURNAL or "
                  "~/.local/share/tinyzoo/journal.jsonl; the project's records are results/journal.jsonl)")
   s.add_argument("--kind", choices=KINDS, default="kernels", help="which chart (default kernels)")

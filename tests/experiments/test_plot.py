@@ -14,9 +14,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def rec(time: str, commit: str, model: str = "smollm2-135m", tok_s: float = 5.0, kpt: int = 427, cats: bool = True, **extra) -> dict:
   ms = 1e3 / tok_s
   metrics = {"kernels_per_token": kpt, "tok_s": tok_s, "ms_per_token": {"median": ms, "min": 0.8 * ms, "max": 1.3 * ms}, "floor_ms": 9.3,
-             "bytes_per_token": 96436836, "bandwidth_gb_s": 10.3, "pp_tok_s": 13.0, "compile_s": 20.0, "capture_s": 5.0, "load_s": 4.0}
+             "bytes_per_token": 96436836, "bandwidth_gb_s": 10.3, "pp_tok_s": 13.0, "pp_tokens": 512, "compile_s": 20.0, "capture_s": 5.0,
+             "load_s": 4.0}
   if cats: metrics["kernel_categories"] = {"matmul": kpt // 3, "reduce": kpt // 4, "elementwise": kpt - kpt // 3 - kpt // 4 - 12, "copy": 12}
-  peers = [{"engine": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "tok_s": 67.5, "ms_per_token": 14.8},
+  peers = [{"engine": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "tok_s": 67.5, "ms_per_token": 14.8, "pp_tok_s": 150.0, "pp_tokens": 512},
            {"engine": "tinygrad.llm@a9069c177a", "tok_s": 3.1, "kernels_per_token": 430}]
   return {"time": f"2026-11-{time}+00:00", "commit": commit, "dirty": False, "device": DEVICE, "backend": "CPU", "tinygrad": "0.14.0",
           "model": model, "file": f"{model}.gguf", "switches": {"strategy": "packed_dot"}, "prompt_tokens": 32, "tokens": 64,
@@ -49,7 +50,7 @@ def check_png(path: Path) -> None:
   assert 0.02 < ink < 0.8 and len(np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2])) > 50
 
 VARIANTS = {"kernels": ["packed_dot", "fused", "dequant_cache_fp16", "exact", "ggml"], "speed": ["packed_dot", "fused", "exact", "ggml"],
-            "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"]}
+            "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"], "pp": ["0.09x", "llama.cpp"]}
 
 @pytest.mark.parametrize("kind", plot.KINDS)
 def test_each_kind_renders_png_and_svg(kind: str, records: list[dict], tmp_path: Path):
@@ -65,7 +66,8 @@ def test_titles_name_model_and_device(kind: str, records: list[dict]):
   fig = plot.figure(records, kind)
   titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
   assert titles and all(SHORT in t for t in titles)
-  if kind != "history":
+  if kind == "pp": assert len(titles) == 1   # one chart: a pair of bars per model and device
+  elif kind != "history":
     assert sorted(t.split(" · ")[0] for t in titles) == ["rounding", "strategy"]   # one subplot per experiment
     assert any("smollm2-135m" in t for t in titles if t.startswith("strategy"))
     assert any("gemma3-270m" in t for t in titles if t.startswith("rounding"))
@@ -123,11 +125,12 @@ def test_older_records_only_history(records: list[dict], tmp_path: Path):
     with pytest.raises(ValueError, match="no experiment records"): plot.plot(old, kind, tmp_path / "x.png")
 
 @pytest.mark.parametrize("kind,kw,match", [
-  ("bars", {}, r"unknown plot kind 'bars'; kinds: kernels, speed, breakdown, history"),
+  ("bars", {}, r"unknown plot kind 'bars'; kinds: kernels, speed, breakdown, history, pp"),
   ("kernels", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
   ("history", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
   ("speed", {"model": "llama-70b"}, r"no experiment records for model 'llama-70b'; models: gemma3-270m, smollm2-135m"),
   ("history", {"model": "llama-70b"}, r"no bench or baseline records for model 'llama-70b'"),
+  ("pp", {"model": "llama-70b"}, r"no record has prompt processing beside a peer's of the same length"),
 ])
 def test_bad_input_is_one_clear_line(kind: str, kw: dict, match: str, records: list[dict], tmp_path: Path):
   with pytest.raises(ValueError, match=match) as e: plot.plot(records, kind, tmp_path / "x.png", **kw)
@@ -180,8 +183,9 @@ def test_missing_fields_never_crash(kind: str, records: list[dict]):
     mixed = [drop(r, FIELDS[(i + shift) % len(FIELDS)]) for i, r in enumerate(records)]
     assert plot.figure(mixed, kind).axes
   # a field gone from every record: the charts that need it say so in one line, the others draw
-  needs = {"metrics": f"metrics.{'tok_s' if kind in ('speed', 'history') else 'kernel_categories' if kind == 'breakdown' else 'kernels_per_token'}",
-           "variant": "without a variant name" if kind != "history" else None}
+  needs = {"metrics": "prompt processing" if kind == "pp" else
+           f"metrics.{'tok_s' if kind in ('speed', 'history') else 'kernel_categories' if kind == 'breakdown' else 'kernels_per_token'}",
+           "variant": "without a variant name" if kind not in ("history", "pp") else None}
   for field in ("metrics", "time", "run", "variant"):
     if needs.get(field) is None: assert plot.figure([drop(r, field) for r in records], kind).axes, field
     else:
