@@ -1,7 +1,6 @@
 """The `tinyzoo` command."""
 import argparse
 import sys
-from pathlib import Path
 from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, model_label, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
