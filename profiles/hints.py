@@ -110,9 +110,9 @@ HINTS: dict[str, Hint] = {
                   "dequantized to fp16 once per chunk, then a GEMM of fp16 inputs summed in fp32: tensor cores on a GPU; F32 weights such "
                   "as routers in fp32) or "
                   "float (the same in fp32; default half on a GPU, float on the CPU)", PREFILL_MATMULS),
-  "prefill_chunk": Hint(lambda: 64 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
+  "prefill_chunk": Hint(lambda: 32 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
-                        "64 on the CPU)", metavar="N"),
+                        "32 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),
