@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 demo: setup
-	$(VENV)/bin/tinyzoo bench --tokens 32
+	$(VENV)/bin/tinyzoo bench --tokens 32 --pp 128
 	$(VENV)/bin/tinyzoo run -p "The capital of France is" -n 32 --temperature 0
 
 test: setup
