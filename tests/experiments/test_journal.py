@@ -42,7 +42,8 @@ def test_bench_and_plot_use_the_users_journal(tmp_path: Path, monkeypatch, capsy
   from tinyzoo.cli import main
   monkeypatch.setenv("TINYZOO_JOURNAL", str(mine := tmp_path / "mine.jsonl"))
   project = journal.PROJECT_JOURNAL.read_bytes()
-  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer", "--bandwidth", "1"]) == 0
+  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer",
+               "--bandwidth", "1"]) == 0
   assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer", "--bandwidth", "1",
                "--journal", str(other := tmp_path / "other.jsonl")]) == 0
   assert [r["model"] for r in journal.read(mine)] == [r["model"] for r in journal.read(other)] == ["smollm2-135m-tiny"]
