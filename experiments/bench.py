@@ -80,7 +80,7 @@ def copy_bandwidth(device: str | None = None) -> float:
 
 PP_REPEATS = 2   # timed prompts after the prefill JIT's compile and capture; the fastest counts
 
-def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, "Tensor"]:
+def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, Tensor]:
   """Seconds to prefill `ids` until the device is done, and the logits."""
   t0 = time.perf_counter()
   logits = rt.prefill(ids).realize()

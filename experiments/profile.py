@@ -66,7 +66,8 @@ def _contracts(k: Kernel) -> bool:
   if max(ins) >= 16 * max(outs): return True
   # a GEMM of two matrices [M, K] and [N, K] into [M, N] (a prompt chunk's, over weights dequantized first): K is
   # sqrt(a * b / out) in elements, and the smaller matrix holds many rows of it
-  a, b, out = *sorted(_elements(args[prg.arg.globals[i]]) for i in prg.arg.ins)[-2:], max(_elements(args[prg.arg.globals[i]]) for i in prg.arg.outs)
+  a, b = sorted(_elements(args[prg.arg.globals[i]]) for i in prg.arg.ins)[-2:]
+  out = max(_elements(args[prg.arg.globals[i]]) for i in prg.arg.outs)
   k = math.sqrt(a * b / out) if out else 0.0
   return k >= 16 and a >= 16 * k
 
@@ -198,6 +199,7 @@ def profile_model(path, name: str, cfg, repeats: int = 5, prefill: bool = False)
   kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean.
   Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed.
   With `prefill`, the same of one prompt chunk (cfg.pp tokens, at most a chunk), and the rate its GEMMs reached."""
+  if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
   return (_profile_prefill if prefill else _profile)(cfg.model_file(path), name, cfg, repeats)
 
 def dense_block_weights(rt) -> int:
@@ -210,7 +212,6 @@ def dense_block_weights(rt) -> int:
 def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
   from experiments.bench import prompt_ids
   from experiments.journal import device_name
-  if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
   rt = cfg.runtime(path, cfg.pp)
   ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
   times: dict[UOp, list[list[float]]] = {}
@@ -225,8 +226,7 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   title = (f"{name}: one prompt chunk of {len(ids)} tokens ({rt.chunk} computed) on {device_name()}, {cfg.describe()}; "
            f"the blocks' dense matmuls are {flops / 1e9:.1f} GFLOP, {flops / gemm_us / 1e6 if gemm_us else 0:.2f} TFLOP/s over the time "
            f"of the matmul kernels that read no cache ({gemm_us / 1e3:.2f} ms)")
-  note = f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included)."
-  return title, rows, note
+  return title, rows, timing_note(rows, repeats)
 
 NCU_RANGE = "TINYZOO_NCU_RANGE"   # set in the process Nsight Compute profiles: one step inside cuProfilerStart/Stop
 
@@ -247,7 +247,6 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   from experiments.bench import prompt_ids
   from experiments.journal import device_name
   from ops.sampling import Sampler, SamplerParams
-  if repeats < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
   rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + repeats + 8)
   sampler = Sampler(SamplerParams(temperature=0))
   times: dict[UOp, list[list[float]]] = {}
@@ -263,12 +262,15 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   decode, sample = rt._decode.captured.linear, sampler.jit.captured.linear
   rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")
   rows = [replace(r, index=i) for i, r in enumerate(rows)]
-  batched = any(r.batched for r in rows)
-  note = ("Times marked * belong to a graph batch timed as a whole and split evenly: averages, not per-kernel truths "
-          "(JIT=2 launches kernels one by one; --ncu measures each inside its graph)." if batched else
-          f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included).")
   title = f"{name}: one decode step at position {pos - 1} on {device_name()}, {cfg.describe()}"
-  return title, rows, note
+  return title, rows, timing_note(rows, repeats)
+
+def timing_note(rows: list[KernelRow], repeats: int) -> str:
+  """What the times of timed replays' rows mean: each kernel's own, or its graph batch's split evenly."""
+  if any(r.batched for r in rows):
+    return ("Times marked * belong to a graph batch timed as a whole and split evenly: averages, not per-kernel truths "
+            "(JIT=2 launches kernels one by one; --ncu measures each inside its graph).")
+  return f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included)."
 
 def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[KernelRow], str]:
   """Runs `tinyzoo profile ARGV --json` under Nsight Compute, which times each kernel of one replayed step, graph nodes

@@ -116,7 +116,7 @@ class _PackedWeight:
   def _gemm(self, w: Tensor, x: Tensor) -> Tensor:
     """gemm() of x (rounded as the activations are) with float weights w, in half unless the prefill is float or the
     file keeps the weights in F32 (routers, which choose experts)."""
-    dtype = gemm_dtype("float" if self.weight.ggml_type == GGMLQuantizationType.F32 else self.prefill)
+    dtype = dtypes.float32 if self.weight.ggml_type == GGMLQuantizationType.F32 else gemm_dtype(self.prefill)
     return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), dtype)
 
   @property
