@@ -18,6 +18,7 @@ from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
 from quant.files import file_sha256
+from models.deepseek2 import prefill_form
 from models.moe import MoE
 from models.runtime import Runtime, Timing
 from ops import patches
@@ -134,6 +135,7 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
                         "depth": cfg.prompt_tokens, "compile_s": round(steps[0], 2),
                         "capture_s": round(steps[1], 2), "load_s": round(load_s, 2),
                         "programmatic_edges": rt.kernels.edges[0]}}
+  if (form := prefill_form(rt.model, rt.chunk)) is not None: record["metrics"]["mla_prefill"] = form
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
     per_block = topk_kernels(topk_by_name(cfg.hints.topk), moe[0].n_experts, moe[0].n_used, rt.device)
     record["metrics"]["topk"] = {"algorithm": cfg.hints.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}

@@ -212,6 +212,7 @@ def dense_block_weights(rt) -> int:
 def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
   from experiments.bench import prompt_ids
   from experiments.journal import device_name
+  from models.deepseek2 import prefill_form
   rt = cfg.runtime(path, cfg.pp)
   ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
   times: dict[UOp, list[list[float]]] = {}
@@ -223,7 +224,9 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   # the weights' matmuls: attention's read a cache
   gemm_us = sum(r.us or 0.0 for r in rows if r.category == "matmul" and not r.module.endswith("cache"))
   flops = 2 * rt.chunk * dense_block_weights(rt)
-  title = (f"{name}: one prompt chunk of {len(ids)} tokens ({rt.chunk} computed) on {device_name()}, {cfg.describe()}; "
+  form = prefill_form(rt.model, rt.chunk)
+  title = (f"{name}: one prompt chunk of {len(ids)} tokens ({rt.chunk} computed) on {device_name()}, {cfg.describe()}"
+           f"{'' if form is None else f', latent attention {form}'}; "
            f"the blocks' dense matmuls are {flops / 1e9:.1f} GFLOP, {flops / gemm_us / 1e6 if gemm_us else 0:.2f} TFLOP/s over the time "
            f"of the matmul kernels that read no cache ({gemm_us / 1e3:.2f} ms)")
   return title, rows, timing_note(rows, repeats)

@@ -2,7 +2,9 @@
 
 Attention: q from a plain `attn_q` or through a low-rank `attn_q_a` -> `attn_q_a_norm` -> `attn_q_b` (q-LoRA); `attn_kv_a_mqa`
 gives the latent c (normalized by `attn_kv_a_norm`) and one shared rope key; q_nope is absorbed through `attn_k_b`, the
-latent output expanded through `attn_v_b` (ops/mla.py), so each layer caches only concat(c, k_pe) per position. Rope on
+latent output expanded through `attn_v_b` (ops/mla.py), so each layer caches only concat(c, k_pe) per position. A prompt
+chunk takes the form the `mla_prefill` hint names, by default the cheaper for its rows: absorbed, or expanded (each
+position read expanded through `attn_k_b` transposed and `attn_v_b` to every head's key and value). Rope on
 interleaved pairs; with YaRN, llama.cpp moves the magnitude correction out of the rope into the query scale (below).
 FFN: the first `leading_dense_block_count` blocks are dense (all of them in Youtu-LLM), the rest mixtures of experts with
 shared experts, gated by softmax or sigmoid (with the `exp_probs_b` selection bias), renormalized and scaled as the
@@ -18,7 +20,7 @@ from models.moe import MoE, MoEConfig
 from models.spec import TensorDef
 from models.weights import Weights
 from ops.activations import swiglu
-from ops.mla import LatentCache, mla_attention
+from ops.mla import LatentCache, expanded_attention, expanded_cheaper, mla_attention
 from ops.norm import NormedInput, rms_norm
 from ops.rope import Yarn, apply_rope, rope_tables
 from ops.routing import Gating
@@ -86,7 +88,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
-    self.cfg, self.mla, self.rope, self.scale, self.variant = cfg, mla, rope, scale, w.hints.attention
+    self.cfg, self.mla, self.rope, self.scale, self.variant, self.form = cfg, mla, rope, scale, w.hints.attention, w.hints.mla_prefill
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
     r = mla.kv_lora_rank
     self.inputs = w.projections([f"{prefix}.attn_q_a" if mla.q_lora_rank else f"{prefix}.attn_q", f"{prefix}.attn_kv_a_mqa"])
@@ -115,10 +117,30 @@ class MLAttention:
     latent = rms_norm(kv[..., :m.kv_lora_rank], self.kv_a_norm, c.norm_eps)
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
-    q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-    latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype)
-    out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
+    if self.prefill_form(T) == "expanded":
+      q_full = q[..., :m.nope_dim].transpose(1, 2).cat(q_pe.cast(q.dtype), dim=-1)   # [B, H, T, nope + rope]
+      out = expanded_attention(q_full, rows, m.kv_lora_rank, start_pos, self._expand, scale=self.scale, variant=self.variant,
+                               chunk_dtype=self.chunk_dtype).transpose(1, 2)
+    else:
+      q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
+      latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype)
+      out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
+
+  def prefill_form(self, rows: int) -> str:
+    """The form of a step of `rows` query rows: absorbed for one (a decode step), else the hint's, by default the cheaper."""
+    if rows == 1: return "absorbed"
+    if self.form != "auto": return self.form
+    return "expanded" if expanded_cheaper(rows, self.mla.kv_lora_rank, self.mla.nope_dim, self.mla.v_dim) else "absorbed"
+
+  def _expand(self, c: Tensor) -> tuple[Tensor, Tensor]:
+    """Latent rows c [..., r] -> every head's k_nope [..., H, nope] and v [..., H, v_dim], as prefill GEMMs."""
+    heads = c.unsqueeze(-2).expand(*c.shape[:-1], self.cfg.n_heads, c.shape[-1])
+    return self.k_b.transposed_gemm_of(heads), self.v_b.gemm_of(heads)
+
+def prefill_form(model: Transformer, rows: int) -> str | None:
+  """The form a prompt chunk of `rows` takes in a model's latent attention; None for a model without."""
+  return next((b.attn.prefill_form(rows) for b in model.blocks if isinstance(b.attn, MLAttention)), None)
 
 def _layout(g, cfg: ModelConfig) -> tuple[MLAConfig, MoEConfig | None, int, int]:
   """The file's latent attention, its experts (None without), the blocks run (multi-token-prediction ones are not) and

@@ -9,7 +9,7 @@ from models.spec import TensorDef
 from ops.activations import Gated
 from models.weights import Weights
 from ops.norm import NormedInput
-from ops.routing import Gating, route
+from ops.routing import ExpertGroups, Gating, route
 from ops.topk import topk_by_name
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class MoE:
   whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
   def __init__(self, w: Weights, prefix: str, cfg: MoEConfig, activation: Gated):
     self.cfg, self.activation, self.topk = cfg, activation, topk_by_name(w.hints.topk)
-    self.act_break, self.act_in_matmul = w.hints.act_break, w.hints.act_in_matmul
+    self.act_break, self.act_in_matmul, self.expert_tile = w.hints.act_break, w.hints.act_in_matmul, w.hints.expert_tile
     self.router = w.linear(f"{prefix}.ffn_gate_inp")
     self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias") if w.has(f"{prefix}.exp_probs_b.bias") else None
     # gate and up as one matmul over their joined rows, whether the file joins them or not
@@ -53,16 +53,16 @@ class MoE:
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
     """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can. A
-    prompt chunk's rows (a prefill GEMM's) go through every expert, each expert's weights read once for the chunk, and
-    the experts a row did not choose weigh 0 in its sum."""
+    prompt chunk's rows (a prefill GEMM's) are grouped by the experts they chose (ExpertGroups, in tiles of the
+    `expert_tile` hint's rows), and each expert's GEMM reads its weights once for the rows that chose it."""
     c = self.cfg
     logits = self.router.normed(x) if isinstance(x, NormedInput) else self.router(x)
     weights, sel = route(logits, c.n_used, c.gating, bias=self.selection_bias, renorm=c.renorm, scale=c.scale, topk=self.topk)
     if self.gate_up.gemm_rows(x):
-      xv = x.value() if isinstance(x, NormedInput) else x
-      mix = (sel.unsqueeze(-1) == Tensor.arange(c.n_experts)).where(weights.unsqueeze(-1), 0.0).sum(-2)   # [..., experts]
-      h = gated_down_input(self.activation, self.gate_up.every_expert(xv), False, self.act_break, self.act_in_matmul)
-      out = self.down.mixed_every_expert(h, mix)
+      groups = ExpertGroups.of(sel, c.n_experts, self.expert_tile)
+      gate_up = self.gate_up.grouped(groups.rows(x.value() if isinstance(x, NormedInput) else x), groups)
+      h = gated_down_input(self.activation, gate_up, False, self.act_break, self.act_in_matmul)
+      out = groups.combine(self.down.grouped(h, groups), weights)
       return out if self.shared is None else out + self.shared(x)
     # one input row [B, T, 1, dim] shared by the k experts
     if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)

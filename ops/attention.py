@@ -180,17 +180,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too;
   several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
-  n, G = chunks_read(L, start_pos, T, variant), Hq // Hkv
-  keys = _chunks(k, n)
+  n = chunks_read(L, start_pos, T, variant)
+  return attend_chunks(q, _chunks(k, n), _chunks(v, n), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                       chunk_dtype=chunk_dtype)
+
+def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
+                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+  """`attention` over the chunks it reads of a cache of L positions: keys [B, Hkv, 1, 1, n, CHUNK, D] and values
+  [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]."""
+  (B, Hq, T, D), Hkv = q.shape, keys.shape[1]
+  G = Hq // Hkv
   shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
   qg = q.reshape(B, Hkv, G, T, 1, 1, D)
-  if k.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
+  if keys.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   if T > 1: logits = gemm_logits(qg, keys, chunk_dtype) * scale
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
-  logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, G)
+  logits, sink = visible(logits, L, keys.shape[-3], start_pos, window), _sinks(sinks, Hkv, G)
   peak = max_peak(logits, sink)
-  return softmax_values(logits, peak, _chunks(v, n), sink, peak, chunk_dtype).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+  return softmax_values(logits, peak, values, sink, peak, chunk_dtype).reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
 class Reads:
   """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any

@@ -1,4 +1,4 @@
-"""DeepSeek-style multi-head latent attention in the absorbed form, with one latent cache per layer.
+"""DeepSeek-style multi-head latent attention, with one latent cache per layer: absorbed, or for a prompt chunk expanded.
 
 Definitions, per head h: k_nope[h] = c @ Wk[h].T with Wk [H, d_nope, r]; v[h] = c @ Wv[h].T with Wv [H, d_v, r];
 key = concat(k_nope[h], k_pe) where k_pe [.., d_rope] is shared by all heads; out = softmax(causal(q.key * scale)) @ v.
@@ -9,11 +9,19 @@ rows concat(c, k_pe) and whose values are their first r columns, followed by a p
 The cache stores concat(c, k_pe) per position, [B, L, r + d_rope] (L: whole attention chunks); there is no separate V cache.
 The caller absorbs q_nope through Wk before and expands the latent output through Wv after (both are per-head matmuls
 over packed weights); q_pe and k_pe arrive with RoPE already applied.
+
+Expanded (`expanded_attention`): the positions attention reads are expanded to every head's k_nope and v, then it is
+plain multi-head attention with keys concat(k_nope[h], k_pe). Per position and head that costs r * (d_nope + d_v) once
+for the expansion, where each query row costs 2r + d_rope in the absorbed form and d_nope + d_rope + d_v expanded: a
+chunk of enough rows is cheaper expanded (`expanded_cheaper`). A decode step (one row) is always absorbed.
 """
+from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from tinygrad.uop.ops import sint
-from ops.attention import attention, cache_positions, write_positions
+from ops.attention import CHUNK, attend_chunks, attention, cache_positions, chunks_read, write_positions
+
+PREFILL_FORMS = ("auto", "absorbed", "expanded")   # a prompt chunk's form: the cheaper one, or this one
 
 class LatentCache:
   """rows [B, L, r + d_rope] with L = cache_positions(max_ctx), zero-initialised on the device."""
@@ -31,3 +39,22 @@ def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *,
   kv = rows.unsqueeze(1)
   return attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale, variant=variant,
                    chunk_dtype=chunk_dtype)
+
+def expanded_cheaper(rows: int, rank: int, nope_dim: int, v_dim: int) -> bool:
+  """Whether a chunk of `rows` query rows costs fewer multiplications expanded than absorbed, at any number of positions
+  read: per position and head the difference is rank * (nope + v) + rows * (nope + v - 2 rank), and the absorbed form's
+  own projections (rows * rank * (nope + v) a head) only add to its side."""
+  return rows * (2 * rank - nope_dim - v_dim) > rank * (nope_dim + v_dim)
+
+def expanded_attention(q: Tensor, rows: Tensor, rank: int, start_pos: sint, expand: Callable[[Tensor], tuple[Tensor, Tensor]], *,
+                       scale: float, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+  """q [B, H, T, d_nope + d_rope] (q_pe rotated) against the cache rows [B, L, rank + d_rope] that attention reads, each
+  position expanded by expand(c [B, n, CHUNK, rank]) -> (k_nope [B, n, CHUNK, H, d_nope], v [B, n, CHUNK, H, d_v]) to
+  every head's key concat(k_nope, k_pe) and value -> the heads' outputs [B, H, T, d_v]."""
+  (B, H, T, _), L = q.shape, rows.shape[1]
+  read = rows.reshape(B, L // CHUNK, CHUNK, rows.shape[-1]).shrink_to((B, chunks_read(L, start_pos, T, variant), CHUNK, rows.shape[-1]))
+  n = read.shape[1]
+  k_nope, v = expand(read[..., :rank])
+  k_pe = read[..., rank:].cast(k_nope.dtype).unsqueeze(-2).expand(B, n, CHUNK, H, rows.shape[-1] - rank)
+  as_chunks = lambda t: t.permute(0, 3, 1, 2, 4).reshape(B, H, 1, 1, n, CHUNK, t.shape[-1])
+  return attend_chunks(q, as_chunks(k_nope.cat(k_pe, dim=-1)), as_chunks(v), L, start_pos, scale=scale, chunk_dtype=chunk_dtype)

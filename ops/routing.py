@@ -7,8 +7,12 @@ Gating modes:
 `bias` (per expert) is added only to choose the experts; the weights are the unbiased scores of the chosen ones.
 `renorm` divides the k weights by their sum (at least 2^-14, as llama.cpp clamps it), then everything is multiplied by `scale`.
 `topk` is the selection algorithm: pairwise_topk (few kernels) or Tensor.topk (bitonic sort).
+
+A prompt chunk's choices are grouped by expert (ExpertGroups) so that a GEMM reads each chosen expert's weights once for
+all the rows that chose it.
 """
 import enum
+from dataclasses import dataclass
 from typing import Callable
 from tinygrad import Tensor, dtypes
 from ops.topk import pairwise_topk
@@ -33,3 +37,40 @@ def route(logits: Tensor, k: int, gating: Gating = Gating.SOFTMAX, *, bias: Tens
     weights = e / sum((e[..., i:i + 1] for i in range(1, k)), e[..., :1])
   if renorm: weights = weights / weights.sum(axis=-1, keepdim=True).maximum(2 ** -14)
   return weights * scale, experts.cast(dtypes.int32)
+
+@dataclass(frozen=True)
+class ExpertGroups:
+  """A prompt chunk's choices (a row and one of its k experts) sorted by expert into slots, each expert's run of slots
+  padded to whole tiles of `tile`, so that every tile belongs to one expert: `slot` [rows * k] is each choice's slot,
+  `row` [slots] the row a slot holds and `held` [slots] whether it holds one (padding does not), `tile_expert`
+  [slots // tile] each tile's expert (the last expert for tiles past every run)."""
+  slot: Tensor
+  row: Tensor
+  held: Tensor
+  tile_expert: Tensor
+
+  @property
+  def tile(self) -> int: return self.row.shape[0] // self.tile_expert.shape[0]
+
+  @staticmethod
+  def of(sel: Tensor, n_experts: int, tile: int) -> "ExpertGroups":
+    """The groups of sel [..., k] (each row's experts); slots for the most padding any choices can need."""
+    expert = sel.flatten()
+    n, k = expert.shape[0], sel.shape[-1]
+    i = Tensor.arange(n)
+    earlier_same = (expert.unsqueeze(0) == expert.unsqueeze(1)) & (i.unsqueeze(0) < i.unsqueeze(1))   # [choice, other choice]
+    padded = ((expert.unsqueeze(-1) == Tensor.arange(n_experts)).sum(0) + tile - 1) // tile * tile   # each expert's run
+    end = padded.cumsum()
+    slot = (end - padded)[expert] + earlier_same.sum(-1)
+    slots = -(-(n + min(n, n_experts) * (tile - 1)) // tile) * tile
+    holds = slot.unsqueeze(0) == Tensor.arange(slots).unsqueeze(1)   # [slot, choice]
+    tile_expert = (end.unsqueeze(0) <= Tensor.arange(0, slots, tile).unsqueeze(1)).sum(-1).minimum(n_experts - 1)
+    return ExpertGroups(slot, holds.where(i.unsqueeze(0) // k, 0).sum(-1), holds.any(-1), tile_expert)
+
+  def rows(self, x: Tensor) -> Tensor:
+    """The rows of x [..., in] (those sel had) in slot order: [slots, in], zeros in the padding."""
+    return self.held.unsqueeze(-1).where(x.reshape(-1, x.shape[-1])[self.row], 0)
+
+  def combine(self, y: Tensor, weights: Tensor) -> Tensor:
+    """Each row's sum of its choices' outputs y [slots, out] with the routing weights [..., k] -> [..., out]."""
+    return (y[self.slot].reshape(*weights.shape, y.shape[-1]) * weights.unsqueeze(-1)).sum(-2)

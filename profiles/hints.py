@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
 from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
+from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
 from quant.activations import ROUNDINGS
@@ -113,6 +114,14 @@ HINTS: dict[str, Hint] = {
   "prefill_chunk": Hint(lambda: 32 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
                         "32 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
+  "expert_tile": Hint(lambda: 8 if _on_cpu() else 32, _positive, "rows of a prompt chunk's MoE GEMM that share an expert: the "
+                      "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "
+                      "expert's weights once (default 32 on a GPU, 8 on the CPU; smaller tiles pad less and read the weights "
+                      "more often)", metavar="N"),
+  "mla_prefill": _choice("auto", MLA_PREFILL_FORMS, "the form of a prompt chunk's latent attention (DeepSeek-style MLA): absorbed "
+                        "(as a decode step: queries through attn_k_b, the latent output through attn_v_b), expanded (each position "
+                        "read expanded to every head's key and value, then plain attention) or auto (whichever costs fewer "
+                        "multiplications for the chunk's rows: expanded for hundreds of rows)"),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from ops.norm import NormedInput
+from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, round_activations
 from quant.blockformat import BlockFormat
 from quant.int8_dot import INT8_TYPES, Int8Rows, int8_dot
@@ -88,6 +89,16 @@ def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
   y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32)
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
 
+def grouped_gemm(w: Tensor, x: Tensor, tile_expert: Tensor, dtype: DTypeLike) -> Tensor:
+  """x @ w[e].T for tiles of x's rows, each tile with its own expert e (tile_expert [tiles]): w [experts, O, in] realized in
+  `dtype` once, x [tiles * tile, in] too, products summed in float32 -> [tiles * tile, O]. On a GPU with half inputs one
+  tensor-core GEMM, each tile reading its expert's weights where it loads them: the weights are indexed for each row of
+  a tile, since the gather of one matrix per tile, broadcast over its rows, would be copied out first."""
+  tiles = tile_expert.shape[0]
+  experts = tile_expert.unsqueeze(-1).expand(tiles, x.shape[0] // tiles)
+  rows = x.cast(dtype).contiguous().reshape(*experts.shape, 1, x.shape[-1])
+  return (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32).reshape(x.shape[0], w.shape[-2])
+
 def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
   """WordBlocks.dot_and_squares over float weights w [..., O, in] (with sel, [experts, O, in]): x [..., in] -> [..., O, 2]."""
   if sel is not None: w = w[sel]
@@ -113,11 +124,18 @@ class _PackedWeight:
 
   def _float_weights(self) -> Tensor: return self.weight.dequantize() if self.cache is None else self.cache
 
-  def _gemm(self, w: Tensor, x: Tensor) -> Tensor:
-    """gemm() of x (rounded as the activations are) with float weights w, in half unless the prefill is float or the
-    file keeps the weights in F32 (routers, which choose experts)."""
-    dtype = dtypes.float32 if self.weight.ggml_type == GGMLQuantizationType.F32 else gemm_dtype(self.prefill)
-    return gemm(w, round_activations(x, self.weight.ggml_type, self.rounding), dtype)
+  def _gemm_dtype(self) -> DTypeLike:
+    """A prefill GEMM's input dtype: half unless the prefill is float or the file keeps the weights in F32 (routers, which
+    choose experts)."""
+    return dtypes.float32 if self.weight.ggml_type == GGMLQuantizationType.F32 else gemm_dtype(self.prefill)
+
+  def gemm_of(self, x: Tensor) -> Tensor:
+    """x @ W.T as a prefill GEMM (gemm()) of the dequantized weights, x rounded as the activations are, whatever its rows."""
+    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype())
+
+  def transposed_gemm_of(self, x: Tensor) -> Tensor:
+    """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""
+    return gemm(self._float_weights().transpose(-1, -2), x, self._gemm_dtype())
 
   @property
   def device_tensors(self) -> list[Tensor]:
@@ -144,7 +162,7 @@ class _PackedWeight:
     dense_int8 = self.int8 and sel is None
     if isinstance(x, Int8Rows) and not dense_int8:
       raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
-    if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self._gemm(self._float_weights(), x)
+    if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self.gemm_of(x)
     if dense_int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
@@ -173,7 +191,7 @@ class QuantLinear(_PackedWeight):
 class QuantExperts(_PackedWeight):
   """Expert-indexed matmul over W [experts, out, in] (bias [experts, out]): only the k selected experts' weights are read."""
   def gemm_rows(self, x: Tensor | NormedInput) -> bool:
-    """Whether x holds several rows (a prompt chunk) for every_expert's GEMM."""
+    """Whether x holds several rows (a prompt chunk) for a GEMM grouped by expert (`grouped`)."""
     return self.prefill != "packed" and prod(x.shape[:-1]) > 1
 
   def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
@@ -187,21 +205,13 @@ class QuantExperts(_PackedWeight):
     y = self._normed_dot(n, sel)
     return (y if self.bias is None else y + self.bias[sel]).cast(n.x.dtype)
 
-  def every_expert(self, x: Tensor) -> Tensor:
-    """Every expert's matmul of every row (a prompt chunk: gemm_rows), each expert's weights read once for all of them,
-    as one GEMM over the experts' joined rows: x [..., in] -> [..., experts, out]."""
-    E, O, I = self.weight.shape
-    y = self._gemm(self._float_weights().reshape(E * O, I), x).unflatten(-1, (E, O))
-    return y if self.bias is None else y + self.bias
-
-  def mixed_every_expert(self, h: Tensor, mix: Tensor) -> Tensor:
-    """sum over experts e of mix[..., e] * (W[e] @ h[..., e, :] + bias[e]) (a prompt chunk's rows, each with the
-    weights of the experts it did not choose 0): one GEMM per expert over all the rows, then the weighted sum over
-    experts, the GEMMs' outputs realized first: a sum over experts around them would make them one kernel of two
-    reduces, which takes no tensor cores. h [..., experts, in], mix [..., experts] -> [..., out]."""
-    y = self._gemm(self._float_weights(), h).contiguous()
-    if self.bias is not None: y = y + self.bias
-    return (y * mix.unsqueeze(-1)).sum(-2)
+  def grouped(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+    """A prompt chunk's rows in slot order (groups.rows) through their experts: x [slots, in] -> [slots, out], one GEMM
+    whose tiles each read their expert's weights once."""
+    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), groups.tile_expert,
+                     self._gemm_dtype())
+    if self.bias is None: return y
+    return y + self.bias[groups.tile_expert.unsqueeze(-1).expand(-1, groups.tile)].reshape(y.shape)
 
   def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""

@@ -1,12 +1,14 @@
 """Prefill in chunks against the token-by-token decode path of the same runtime: prompts of one token, of a chunk less
 one, of whole chunks and of whole chunks plus a padded partial one, under every prefill matmul, for each kind of block
-(dense, sliding window with soft cap and q/k norms, MoE with sinks, latent attention with MoE). The float64 reference
+(dense, sliding window with soft cap and q/k norms, MoE with sinks, latent attention with MoE, absorbed and expanded). The float64 reference
 of whole models is tests/models/test_models.py's; this checks that chunking and padding change nothing."""
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
 from models.catalog import resolve_model
+from models.deepseek2 import prefill_form
 from models.runtime import Runtime
+from ops.mla import expanded_cheaper
 from profiles.hints import resolve
 from quant.linear import PREFILL_MATMULS
 
@@ -21,9 +23,13 @@ def token_by_token(rt: Runtime, ids: list[int]) -> list[np.ndarray]:
   return [rt.decode(t, i).numpy()[0] for i, t in enumerate(ids)]
 
 @pytest.mark.parametrize("prefill", PREFILL_MATMULS)
-@pytest.mark.parametrize("model", ["llama3.2-1b-tiny", "gemma3-270m-tiny", "gpt-oss-20b-tiny", "deepseek-v2-lite-tiny"])
-def test_prefill_equals_token_by_token(model: str, prefill: str, rng: np.random.Generator):
-  rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK}), max_context=40)
+@pytest.mark.parametrize("model,hints", [("llama3.2-1b-tiny", {}), ("gemma3-270m-tiny", {}), ("gpt-oss-20b-tiny", {"expert_tile": 3}),
+                                         ("deepseek-v2-lite-tiny", {"mla_prefill": "absorbed"}),
+                                         ("deepseek-v2-lite-tiny", {"mla_prefill": "expanded"})], ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={x}" for k, x in v.items()))
+def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rng: np.random.Generator):
+  rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK, **hints}), max_context=40)
+  if "mla_prefill" in hints: assert prefill_form(rt.model, CHUNK) == hints["mla_prefill"] and prefill_form(rt.model, 1) == "absorbed"
   ids = rng.integers(10, rt.cfg.vocab_size, size=max(LENGTHS)).tolist()
   want = token_by_token(rt, ids)
   for n in LENGTHS:
@@ -43,3 +49,10 @@ def test_prefill_chunk_is_bounded_by_the_context():
   rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": 4096}), max_context=24)
   assert rt.chunk == 24
   assert rt.prefill(list(range(10, 34))).shape == (1, rt.cfg.vocab_size)
+
+def test_latent_attention_takes_the_cheaper_form_by_default():
+  rt = Runtime(resolve_model("deepseek-v2-lite-tiny"), resolve({"prefill_chunk": CHUNK}), max_context=40)
+  m = rt.model.blocks[0].attn.mla
+  assert [prefill_form(rt.model, rows) for rows in (1, 2, 512)] == \
+    ["absorbed", *("expanded" if expanded_cheaper(rows, m.kv_lora_rank, m.nope_dim, m.v_dim) else "absorbed" for rows in (2, 512))]
+  assert prefill_form(Runtime(resolve_model("llama3.2-1b-tiny"), max_context=16).model, 512) is None

@@ -38,3 +38,43 @@ def test_mla_absorbed_matches_definition(seed, rng):
   np.testing.assert_allclose(np.concatenate(outs, axis=2), ref, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
   # one cache row per position holds concat(c, k_pe); there is no separate value cache
   np.testing.assert_allclose(cache.rows.numpy()[:, :total], np.concatenate([c, k_pe], axis=-1), err_msg=f"seed={seed}")
+
+def test_mla_expanded_matches_definition(seed, rng):
+  """A chunk of 5 rows in the expanded form, at a symbolic start past the first cache chunk, against the definition
+  over every position before it (written there first)."""
+  from ops.attention import CHUNK
+  from ops.mla import expanded_attention
+  before, T, scale = CHUNK + 3, 5, (D_NOPE + D_ROPE) ** -0.5
+  total, max_ctx = before + T, 2 * CHUNK + 16
+  q_nope, q_pe = rng.normal(size=(B, H, total, D_NOPE)), rng.normal(size=(B, H, total, D_ROPE))
+  c, k_pe = rng.normal(size=(B, total, RANK)), rng.normal(size=(B, total, D_ROPE))
+  wk, wv = rng.normal(size=(H, D_NOPE, RANK)) / RANK ** 0.5, rng.normal(size=(H, D_V, RANK)) / RANK ** 0.5
+  q_nope, q_pe, c, k_pe, wk, wv = (a.astype(np.float32) for a in (q_nope, q_pe, c, k_pe, wk, wv))
+  cache, twk, twv = LatentCache(B, max_ctx, RANK, D_ROPE), Tensor(wk), Tensor(wv)
+  cache.update(Tensor(c[:, :before]), Tensor(k_pe[:, :before]), 0).realize()
+
+  def expand(lat: Tensor) -> tuple[Tensor, Tensor]:
+    heads = lat.unsqueeze(-2).expand(*lat.shape[:-1], H, RANK)
+    return (heads.unsqueeze(-2) * twk).sum(-1), (heads.unsqueeze(-2) * twv).sum(-1)
+  start = UOp.variable("start_pos", 0, max_ctx - 1).bind(before)
+  rows = cache.update(Tensor(c[:, before:]), Tensor(k_pe[:, before:]), start)
+  q = Tensor(np.concatenate([q_nope, q_pe], axis=-1)[:, :, before:])
+  got = TinyJit(lambda q, rows, start: expanded_attention(q, rows, RANK, start, expand, scale=scale).realize())(q, rows, start).numpy()
+  ref = ref_mla(q_nope, q_pe, c, k_pe, wk, wv, scale)[:, :, before:]
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
+
+def test_expanded_is_cheaper_exactly_where_it_multiplies_less():
+  """expanded_cheaper against the multiplications of each form counted term by term, for DeepSeek-V2-Lite's shape and
+  GLM-4.7-Flash's, over chunk sizes and numbers of positions read (at least the chunk's own)."""
+  from ops.mla import expanded_cheaper
+  def absorbed(T: int, n: int, r: int, nope: int, rope: int, v: int) -> int:
+    return T * nope * r + T * n * (r + rope) + T * n * r + T * r * v   # absorb q, logits, latent value sums, expand them
+  def expanded(T: int, n: int, r: int, nope: int, rope: int, v: int) -> int:
+    return n * r * (nope + v) + T * n * (nope + rope) + T * n * v   # expand every position, logits, value sums
+  for r, nope, rope, v in [(512, 128, 64, 128), (512, 192, 64, 256)]:
+    flips = [T for T in range(1, 1025) if expanded_cheaper(T, r, nope, v) != expanded_cheaper(T - 1, r, nope, v)]
+    assert len(flips) == 1, flips   # absorbed for short chunks, expanded from some size on
+    for T in (1, 8, 32, 170, 171, 397, 400, 512, 1024):
+      cheaper = [expanded(T, n, r, nope, rope, v) < absorbed(T, n, r, nope, rope, v) for n in (T, 4 * T, 10 ** 6)]
+      if expanded_cheaper(T, r, nope, v): assert all(cheaper), (T, r)
+      else: assert not cheaper[-1], (T, r)

@@ -6,6 +6,7 @@ from tinygrad import GlobalCounters, Tensor, TinyJit, dtypes
 from quant.formats import FORMATS
 from ops.norm import NormedInput
 from quant.activations import round_activations
+from ops.routing import ExpertGroups
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -139,29 +140,26 @@ def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
 
 @pytest.mark.parametrize("prefill", ["half", "float"])
 @pytest.mark.parametrize("t", [T.Q4_0, T.MXFP4, T.Q8_0], ids=lambda t: t.name)
-def test_prefill_experts_every_expert_then_mixed(t: T, prefill: str, rng: np.random.Generator):
-  """A prompt chunk's MoE: every expert's matmul of every row, then every expert's down matmul summed with the routing
-  weights, against float64 on the inputs the GEMMs read (half-rounded under half)."""
+def test_prefill_experts_grouped_by_expert(t: T, prefill: str, rng: np.random.Generator):
+  """A prompt chunk's MoE: the rows sorted by the experts they chose (ExpertGroups), each tile of them through its
+  expert's GEMM, then each row's outputs summed with its routing weights, against float64 on the inputs the GEMMs read
+  (half-rounded under half)."""
   rounded = (lambda a: a.astype(np.float16).astype(np.float64)) if prefill == "half" else (lambda a: a.astype(np.float64))
+  k, tile = 3, 4
   raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
   w = quants.dequantize(raw, t).reshape(E, OUT, IN)
   bias = rng.standard_normal((E, OUT)).astype(np.float32)
   experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy="packed_words", prefill=prefill)
   x = rng.standard_normal((2, 5, IN)).astype(np.float32)
   assert experts.gemm_rows(Tensor(x)) and not experts.gemm_rows(Tensor(x[:1, :1]))
-  got = experts.every_expert(Tensor(x)).numpy()
-  assert_fp32_close(got, np.einsum("tsi,eoi->tseo", rounded(x), rounded(w)) + bias, np.einsum("tsi,eoi->tseo", np.abs(x), np.abs(w)) + np.abs(bias),
-                    f"{t.name} {prefill} every expert")
-  down_raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
-  wd = quants.dequantize(down_raw, t).reshape(E, OUT, IN)
-  down = QuantExperts(QTensor.from_bytes(down_raw, t, (E, OUT, IN)), bias=Tensor(bias), strategy="packed_words", prefill=prefill)
-  h = rng.standard_normal((2, 5, E, IN)).astype(np.float32)
-  mix = np.where(rng.random((2, 5, E)) < 0.5, rng.random((2, 5, E)), 0.0).astype(np.float32)   # unchosen experts weigh 0
-  got = down.mixed_every_expert(Tensor(h), Tensor(mix)).numpy()
-  want = np.einsum("tse,tsei,eoi->tso", mix, rounded(h), rounded(wd)) + mix @ bias
-  bound = np.einsum("tse,tsei,eoi->tso", mix, np.abs(h), np.abs(wd)) + mix @ np.abs(bias)
+  sel = np.stack([rng.choice(E, k, replace=False) for _ in range(10)]).reshape(2, 5, k).astype(np.int32)
+  mix = rng.random((2, 5, k)).astype(np.float32)
+  groups = ExpertGroups.of(Tensor(sel), E, tile)
+  got = groups.combine(experts.grouped(groups.rows(Tensor(x)), groups), Tensor(mix)).numpy()
+  chosen = np.einsum("tsi,tskoi->tsko", rounded(x), rounded(w)[sel]) + bias[sel]
+  bound = np.einsum("tsk,tsi,tskoi->tso", mix, np.abs(x), np.abs(w)[sel]) + np.einsum("tsk,tsko->tso", mix, np.abs(bias)[sel])
   assert got.shape == (2, 5, OUT)
-  assert_fp32_close(got, want, bound, f"{t.name} {prefill} mixed")
+  assert_fp32_close(got, np.einsum("tsk,tsko->tso", mix, chosen), bound, f"{t.name} {prefill} grouped")
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):

@@ -434,16 +434,19 @@ def test_gpu_prompt_chunk_attention_values_on_tensor_cores(rng: np.random.Genera
   assert "mma.sync" in src
 
 def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
-  """A prompt chunk's MoE (QuantExperts.every_expert, then mixed_every_expert) runs its two expert GEMMs on tensor cores:
-  the weighted sum over experts is a kernel of its own, not a second reduce inside the down GEMM."""
+  """A prompt chunk's MoE grouped by expert (QuantExperts.grouped) runs each expert GEMM as one tensor-core kernel that
+  reads its tiles' experts' weights where it loads them, with no copy of them per tile."""
   from gguf import GGMLQuantizationType
+  from ops.routing import ExpertGroups
   from quant.qtensor import QTensor
   E, O, F, rows = 8, 512, 256, 128
   def experts(out: int, inp: int) -> QuantExperts:
     blocks = Tensor.empty(E, out, inp // 32, 18, dtype=dtypes.uint8).realize()
     return QuantExperts(QTensor(blocks, GGMLQuantizationType.Q4_0, (E, out, inp)), strategy="packed_words", prefill="half")
-  x, mix = Tensor.empty(1, rows, O).realize(), Tensor.empty(1, rows, E).realize()
-  gate_up = experts(2 * F, O).every_expert(x)
-  h = (gate_up[..., :F].silu() * gate_up[..., F:]).contiguous()
-  with kernel_settings(8): src = cuda_sources(experts(O, F).mixed_every_expert(h, mix))
-  assert src.count("mma.sync") >= 2 and len([k for k in src.split("extern \"C\"") if "mma.sync" in k]) == 2
+  groups = ExpertGroups(*(Tensor.empty(n, dtype=d).realize() for n, d in
+                          [(rows * 2, dtypes.int32), (rows * 4, dtypes.int32), (rows * 4, dtypes.bool), (rows * 4 // 32, dtypes.int32)]))
+  x = Tensor.empty(rows * 4, O, dtype=dtypes.float16).realize()
+  h = Tensor.empty(rows * 4, F, dtype=dtypes.float16).realize()
+  with kernel_settings(8): kernels = [cuda_sources(experts(2 * F, O).grouped(x, groups)), cuda_sources(experts(O, F).grouped(h, groups))]
+  # each: the weights dequantized to half, then the GEMM on tensor cores
+  assert all(len(src.split('extern "C"')) == 3 and src.count("mma.sync") >= 1 for src in kernels)
