@@ -93,11 +93,14 @@ def grouped_gemm(w: Tensor, x: Tensor, tile_expert: Tensor, dtype: DTypeLike) ->
   """x @ w[e].T for tiles of x's rows, each tile with its own expert e (tile_expert [tiles]): w [experts, O, in] realized in
   `dtype` once, x [tiles * tile, in] too, products summed in float32 -> [tiles * tile, O]. On a GPU with half inputs one
   tensor-core GEMM, each tile reading its expert's weights where it loads them: the weights are indexed for each row of
-  a tile, since the gather of one matrix per tile, broadcast over its rows, would be copied out first."""
+  a tile, since the gather of one matrix per tile, broadcast over its rows, would be copied out first. The output is
+  realized in its tiles' shape: a reader of slices of its rows (the activation of gate and up) would otherwise reshape
+  the GEMM's axes so that it takes no tensor cores."""
   tiles = tile_expert.shape[0]
   experts = tile_expert.unsqueeze(-1).expand(tiles, x.shape[0] // tiles)
   rows = x.cast(dtype).contiguous().reshape(*experts.shape, 1, x.shape[-1])
-  return (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32).reshape(x.shape[0], w.shape[-2])
+  y = (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32).contiguous()
+  return y.reshape(x.shape[0], w.shape[-2])
 
 def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
   """WordBlocks.dot_and_squares over float weights w [..., O, in] (with sel, [experts, O, in]): x [..., in] -> [..., O, 2]."""

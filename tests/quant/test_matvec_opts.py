@@ -434,19 +434,22 @@ def test_gpu_prompt_chunk_attention_values_on_tensor_cores(rng: np.random.Genera
   assert "mma.sync" in src
 
 def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
-  """A prompt chunk's MoE grouped by expert (QuantExperts.grouped) runs each expert GEMM as one tensor-core kernel that
-  reads its tiles' experts' weights where it loads them, with no copy of them per tile."""
+  """A prompt chunk's MoE grouped by expert (ExpertGroups, QuantExperts.grouped) runs its two expert GEMMs on tensor cores,
+  each reading its tiles' experts' weights where it loads them (no copy of them per tile), the gate and up GEMM too
+  where the activation reads its two halves."""
   from gguf import GGMLQuantizationType
   from ops.routing import ExpertGroups
   from quant.qtensor import QTensor
-  E, O, F, rows = 8, 512, 256, 128
+  E, O, F, rows, k = 8, 512, 256, 128, 2
   def experts(out: int, inp: int) -> QuantExperts:
     blocks = Tensor.empty(E, out, inp // 32, 18, dtype=dtypes.uint8).realize()
     return QuantExperts(QTensor(blocks, GGMLQuantizationType.Q4_0, (E, out, inp)), strategy="packed_words", prefill="half")
-  groups = ExpertGroups(*(Tensor.empty(n, dtype=d).realize() for n, d in
-                          [(rows * 2, dtypes.int32), (rows * 4, dtypes.int32), (rows * 4, dtypes.bool), (rows * 4 // 32, dtypes.int32)]))
-  x = Tensor.empty(rows * 4, O, dtype=dtypes.float16).realize()
-  h = Tensor.empty(rows * 4, F, dtype=dtypes.float16).realize()
-  with kernel_settings(8): kernels = [cuda_sources(experts(2 * F, O).grouped(x, groups)), cuda_sources(experts(O, F).grouped(h, groups))]
-  # each: the weights dequantized to half, then the GEMM on tensor cores
-  assert all(len(src.split('extern "C"')) == 3 and src.count("mma.sync") >= 1 for src in kernels)
+  x, mix = Tensor.empty(1, rows, O).realize(), Tensor.empty(1, rows, k).realize()
+  groups = ExpertGroups.of(Tensor.empty(1, rows, k, dtype=dtypes.int32).realize(), E, 32)
+  gate_up = experts(2 * F, O).grouped(groups.rows(x), groups)
+  h = (gate_up[..., :F].silu() * gate_up[..., F:]).contiguous()
+  with kernel_settings(8): src = cuda_sources(groups.combine(experts(O, F).grouped(h, groups), mix))
+  kernels = src.split('extern "C"')[1:]
+  assert len([k for k in kernels if "mma.sync" in k.split("__global__")[-1]]) == 2, "\n".join(k.split("(")[0] for k in kernels)
+  # the groups' own kernels, the gathered rows, two weight dequantizations, two GEMMs, the activation, the weighted sum
+  assert len(kernels) < 15
