@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from math import gcd, prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt.postrange import Scheduler
-from tinygrad.dtype import dtypes
 from tinygrad.uop.ops import AxisType, Ops
 from ops import dp4a
 from ops.patches import KernelSettings, tinygrad_heuristic
@@ -77,7 +76,7 @@ class MatvecOpts:
     try:
       if not k.ren.has_local: tuned = self._cpu_matvec(k)
       elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *self.gpu_sizes(k))
-      else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k) or gpu_dequantize(k)
+      else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
     except KernelOptError: tuned = None
     return tuned if tuned is not None else tinygrad_heuristic(k)
 
@@ -378,19 +377,3 @@ def gpu_full_reduce(k: Scheduler) -> Scheduler | None:
   _group_divisor(tuned, arg, FULL_REDUCE_THREADS)
   _unroll_steps(tuned, arg)
   return tuned
-
-DEQUANT_VECTOR = 4
-
-def gpu_dequantize(k: Scheduler) -> Scheduler | None:
-  """An elementwise kernel from bytes alone to floats (weights dequantized once for a prompt chunk's GEMMs): tinygrad's
-  heuristic gave a thread one byte of a block and stored each of its outputs alone. This gives a thread DEQUANT_VECTOR
-  neighbouring elements of each part of a block (UPCAST of the innermost axis: their stores are one vector), then lets
-  the heuristic do the rest. None for other kernels."""
-  if k.reduceop is not None or not all(isinstance(n, int) for n in k.full_shape) or k.full_shape[-1] % DEQUANT_VECTOR: return None
-  stored = {u.src[0].src[0] for u in k.ast.toposort() if u.op is Ops.STORE}
-  params = [u for u in k.ast.toposort() if u.op is Ops.PARAM]
-  if len(stored) != 1 or any(p.dtype != dtypes.uchar for p in params if p not in stored) or \
-     not all(dtypes.is_float(p.dtype) for p in stored): return None
-  tuned = k.copy()
-  tuned.apply_opt(Opt(OptOps.UPCAST, len(k.full_shape) - 1, DEQUANT_VECTOR))
-  return tinygrad_heuristic(tuned)

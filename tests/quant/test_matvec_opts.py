@@ -453,13 +453,3 @@ def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
   assert len([k for k in kernels if "mma.sync" in k.split("__global__")[-1]]) == 2, "\n".join(k.split("(")[0] for k in kernels)
   # the groups' own kernels, the gathered rows, two weight dequantizations, two GEMMs, the activation, the weighted sum
   assert len(kernels) < 15
-
-@pytest.mark.parametrize("t", [T.Q4_0, T.MXFP4, T.Q8_0, T.Q6_K, T.Q4_K], ids=lambda t: t.name)
-def test_gpu_dequantize_stores_vectors(t: T):
-  """Weights dequantized to half for a prompt chunk's GEMMs: each thread writes neighbouring elements of a block's part as
-  one vector, where tinygrad's heuristic stored Q4_0's and MXFP4's outputs one half at a time."""
-  from quant.formats import FORMATS
-  f = FORMATS[t]
-  q = QTensor(Tensor.empty(4, 256, 2048 // f.block_elems, f.block_bytes, dtype=dtypes.uint8).realize(), t, (4, 256, 2048))
-  with kernel_settings(8): src = cuda_source(q.dequantize().cast(dtypes.half).contiguous())
-  assert "*((half4*)" in src and "*(data0" not in src.replace("*((half4*)((data0", "")
