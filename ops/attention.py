@@ -147,12 +147,13 @@ def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Te
 def gemm_logits(q: Tensor, keys: Tensor, dtype: DTypeLike) -> Tensor:
   """q.k for several query rows (a prompt chunk): q [B, Hkv, G, T, 1, 1, D] and the keys [B, Hkv, 1, 1, n, CHUNK, D]
   each realized in `dtype` and multiplied by one GEMM per kv head (tensor cores on a GPU in half), summed in float32
-  -> [B, Hkv, G, T, n, CHUNK]."""
+  -> [B, Hkv, G, T, n, CHUNK]. The logits are realized in the GEMM's shape: the mask reading them by chunk and position
+  would otherwise split the GEMM's axes, and it took no tensor cores."""
   B, H, G, T, _, _, D = q.shape
   n, C = keys.shape[-3], keys.shape[-2]
   qr = q.cast(dtype).reshape(B, H, G * T, D).contiguous()
   kr = keys.cast(dtype).reshape(B, H, n * C, D).contiguous()
-  return qr.matmul(kr.transpose(-1, -2), dtype=dtypes.float32).reshape(B, H, G, T, n, C)
+  return qr.matmul(kr.transpose(-1, -2), dtype=dtypes.float32).contiguous().reshape(B, H, G, T, n, C)
 
 def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTypeLike) -> Tensor:
   """sum(e * v) / sum(e) over positions for several query rows (a prompt chunk): e [B, Hkv, G, T, n, CHUNK] and the
@@ -272,7 +273,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
                     softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
-  `softmax` says; several query rows sum the values by a GEMM in `chunk_dtype`."""
+  `softmax` says. Several query rows (a prompt chunk) take `_chunk_attention`."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
@@ -280,6 +281,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
   reads = Reads(q, k, start_pos, n := chunks_read(L, start_pos, T, variant), q_rope)
   key_tables = None if key_rope is None else reads.at_keys(key_rope)
+  if T > 1: return _chunk_attention(reads, v, L, key_tables, scale=scale, window=window, sinks=sinks, softcap=softcap, q_norm=q_norm,
+                                    k_norm=k_norm, chunk_dtype=chunk_dtype)
   shape = (B, Hkv, reads.G, T, *_chunks(k, n).shape[-3:])   # n as the shrink simplified it
   raw_q = reads.queries(shape)
   if k_norm is not None and by_self: shape = (2, *shape)   # the pair axis of normed_logits_relative_to_own_key
@@ -301,3 +304,18 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   if by_self: peak, sink_peak = SELF_MARGIN, None if sink is None else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
   else: peak = sink_peak = max_peak(logits, sink)
   return softmax_values(logits, peak, _chunks(v, n), sink, sink_peak, chunk_dtype).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+
+def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, Tensor] | None, *, scale: float, window: int | None,
+                     sinks: Tensor | None, softcap: float | None, q_norm: tuple[Tensor, float] | None, k_norm: tuple[Tensor, float] | None,
+                     chunk_dtype: DTypeLike) -> Tensor:
+  """fused_attention for several query rows (a prompt chunk): the queries and the keys read rotated and normalized once
+  each, not once for each logit, so that the logits are a GEMM per kv head (attend_chunks, gemm_logits) where the fused
+  reads made them a reduce over a broadcast that takes no tensor cores."""
+  def normed(view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, norm: tuple[Tensor, float] | None) -> Tensor:
+    x = reads.rotated(view, shape, tables, None if norm is None else norm[0])
+    return x if norm is None else x * rms_scale(view(shape), norm[1])
+  B, G, T, D = reads.B, reads.G, reads.T, reads.D
+  keys = normed(reads.cached_keys, (B, reads.Hkv, 1, 1, *_chunks(reads.k, reads.n).shape[-3:]), key_tables, k_norm)
+  q = normed(reads.queries, (B, reads.Hkv, G, T, 1, 1, D), reads.at_queries, q_norm).reshape(B, reads.Hkv * G, T, D)
+  return attend_chunks(q, keys, _chunks(v, reads.n), L, reads.start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                       chunk_dtype=chunk_dtype).cast(reads.q.dtype)

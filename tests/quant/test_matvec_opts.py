@@ -85,14 +85,19 @@ def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
   info = ProgramInfo.from_sink(cuda_sink(out), cuda_renderer().target)
   return tuple(info.global_size), tuple(info.local_size)
 
-def cuda_sources(out: Tensor) -> str:
-  """The CUDA source of every kernel computing `out`, variables allowed."""
+def cuda_kernels(out: Tensor) -> list[str]:
+  """The CUDA source of each kernel computing `out` (its helpers included), variables allowed."""
   from tinygrad.codegen import full_rewrite_to_sink, line_rewrite, pm_linearize_cleanups
   from tinygrad.codegen.late.linearizer import linearize
   from tinygrad.uop.ops import Ops
   linear, _ = out.linear_with_vars()
   asts = [c.src[0] for c in linear.src if c.src[0].op is Ops.SINK]
-  return "\n".join(cuda_renderer().render(line_rewrite(linearize(full_rewrite_to_sink(a, cuda_renderer())), pm_linearize_cleanups)) for a in asts)
+  return [cuda_renderer().render(line_rewrite(linearize(full_rewrite_to_sink(a, cuda_renderer())), pm_linearize_cleanups)) for a in asts]
+
+def cuda_sources(out: Tensor) -> str: return "\n".join(cuda_kernels(out))
+
+def tensor_core_kernels(out: Tensor) -> int:
+  with kernel_settings(8): return sum("mma.sync" in src for src in cuda_kernels(out))
 
 def cuda_source(out: Tensor) -> str:
   from tinygrad.codegen import line_rewrite, pm_linearize_cleanups
@@ -433,6 +438,24 @@ def test_gpu_prompt_chunk_attention_values_on_tensor_cores(rng: np.random.Genera
   with kernel_settings(8): src = cuda_sources(gemm_values(e, values, None, dtypes.float16))
   assert "mma.sync" in src
 
+@pytest.mark.parametrize("layout", ["heads", "rows"])
+def test_gpu_prompt_chunk_fused_attention_logits_on_tensor_cores(layout: str):
+  """A prompt chunk through fused_attention (q rotated where read; with the rows layout the cached keys too, and both
+  normalized) at a symbolic start: its logits [kv heads, query rows, positions] are written by a tensor-core GEMM."""
+  from tinygrad.uop.ops import UOp
+  from ops.attention import fused_attention
+  from ops.rope import rope_tables
+  T, L, D, Hkv, G = 128, 512, 64, 2, 4
+  start = UOp.variable("start_pos", 0, L - T).bind(64)
+  cos, sin = rope_tables(D, 10000.0, L)
+  q, k, v = Tensor.empty(1, Hkv * G, T, D).realize(), Tensor.empty(1, Hkv, L, D).realize(), Tensor.empty(1, Hkv, L, D).realize()
+  rows = layout == "rows"
+  norm = (Tensor.empty(D).realize(), 1e-6) if rows else None
+  out = fused_attention(q, k, v, start, scale=D ** -0.5, q_rope=(cos[start:start + T], sin[start:start + T], False),
+                        key_rope=(cos, sin) if rows else None, q_norm=norm, k_norm=norm, chunk_dtype=dtypes.float16)
+  with kernel_settings(8): kernels = cuda_kernels(out)
+  assert any("mma.sync" in src and f"float* data0_{Hkv * G * T * L}," in src for src in kernels)
+
 def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
   """A prompt chunk's MoE grouped by expert (ExpertGroups, QuantExperts.grouped) runs its two expert GEMMs on tensor cores,
   each reading its tiles' experts' weights where it loads them (no copy of them per tile), the gate and up GEMM too
@@ -448,8 +471,7 @@ def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
   groups = ExpertGroups.of(Tensor.empty(1, rows, k, dtype=dtypes.int32).realize(), E, 32)
   gate_up = experts(2 * F, O).grouped(groups.rows(x), groups)
   h = (gate_up[..., :F].silu() * gate_up[..., F:]).contiguous()
-  with kernel_settings(8): src = cuda_sources(groups.combine(experts(O, F).grouped(h, groups), mix))
-  kernels = src.split('extern "C"')[1:]
-  assert len([k for k in kernels if "mma.sync" in k.split("__global__")[-1]]) == 2, "\n".join(k.split("(")[0] for k in kernels)
+  out = groups.combine(experts(O, F).grouped(h, groups), mix)
+  assert tensor_core_kernels(out) == 2
   # the groups' own kernels, the gathered rows, two weight dequantizations, two GEMMs, the activation, the weighted sum
-  assert len(kernels) < 15
+  with kernel_settings(8): assert len(cuda_kernels(out)) < 15
