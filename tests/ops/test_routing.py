@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 from ops.kernels import count_kernels
-from ops.routing import Gating, route
+from ops.routing import ExpertGroups, Gating, route
 
 N_EXPERTS, K = 16, 4
 
@@ -51,3 +51,19 @@ def test_topk_softmax_weights_cost_no_kernel_of_their_own(rng):
   mix = TinyJit(mixed)
   for _ in range(3): mix(*(Tensor(rng.standard_normal((1, n), dtype=np.float32)).realize() for n in (32, 32)))
   assert count_kernels(mix) == 2
+
+@pytest.mark.parametrize("experts,k,rows,tile", [(8, 2, 5, 4), (64, 6, 37, 8), (4, 3, 16, 16), (32, 4, 1, 32)])
+def test_expert_groups_sort_each_choice_into_a_tile_of_its_expert(experts: int, k: int, rows: int, tile: int, rng):
+  """Every choice gets a slot of its own, in a tile of its expert, holding its row; the rows come out in slot order with
+  zeros in the padding, and combine gives each row its choices' outputs summed with its weights."""
+  sel = np.stack([rng.choice(experts, k, replace=False) for _ in range(rows)]).astype(np.int32)
+  g = ExpertGroups.of(Tensor(sel), experts, tile)
+  slot, row, held, tile_expert = (t.numpy() for t in (g.slot, g.row, g.held, g.tile_expert))
+  assert g.tile == tile and len(set(slot.tolist())) == rows * k and held.sum() == rows * k
+  assert all(held[s] and row[s] == c // k and tile_expert[s // tile] == sel.flat[c] for c, s in enumerate(slot))
+  x = rng.standard_normal((rows, 3)).astype(np.float32)
+  gathered = g.rows(Tensor(x)).numpy()
+  np.testing.assert_array_equal(gathered[held], x[row[held]])
+  assert not gathered[~held].any()
+  y, weights = rng.standard_normal((len(held), 2)).astype(np.float32), rng.random((rows, k)).astype(np.float32)
+  np.testing.assert_allclose(g.combine(Tensor(y), Tensor(weights)).numpy(), np.einsum("rk,rko->ro", weights, y[slot.reshape(rows, k)]), rtol=1e-6, atol=1e-6)
