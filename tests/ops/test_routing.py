@@ -66,4 +66,5 @@ def test_expert_groups_sort_each_choice_into_a_tile_of_its_expert(experts: int, 
   np.testing.assert_array_equal(gathered[held], x[row[held]])
   assert not gathered[~held].any()
   y, weights = rng.standard_normal((len(held), 2)).astype(np.float32), rng.random((rows, k)).astype(np.float32)
-  np.testing.assert_allclose(g.combine(Tensor(y), Tensor(weights)).numpy(), np.einsum("rk,rko->ro", weights, y[slot.reshape(rows, k)]), rtol=1e-6, atol=1e-6)
+  want = np.einsum("rk,rko->ro", weights, y[slot.reshape(rows, k)])
+  np.testing.assert_allclose(g.combine(Tensor(y), Tensor(weights)).numpy(), want, rtol=1e-6, atol=1e-6)
