@@ -52,6 +52,11 @@ class ExpertGroups:
   @property
   def tile(self) -> int: return self.row.shape[0] // self.tile_expert.shape[0]
 
+  @property
+  def slot_experts(self) -> Tensor:
+    """Each slot's expert (its tile's), [slots // tile, tile]."""
+    return self.tile_expert.unsqueeze(-1).expand(-1, self.tile)
+
   @staticmethod
   def of(sel: Tensor, n_experts: int, tile: int) -> "ExpertGroups":
     """The groups of sel [..., k] (each row's experts); slots for the most padding any choices can need."""

@@ -89,15 +89,13 @@ def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
   y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32)
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
 
-def grouped_gemm(w: Tensor, x: Tensor, tile_expert: Tensor, dtype: DTypeLike) -> Tensor:
-  """x @ w[e].T for tiles of x's rows, each tile with its own expert e (tile_expert [tiles]): w [experts, O, in] realized in
-  `dtype` once, x [tiles * tile, in] too, products summed in float32 -> [tiles * tile, O]. On a GPU with half inputs one
-  tensor-core GEMM, each tile reading its expert's weights where it loads them: the weights are indexed for each row of
-  a tile, since the gather of one matrix per tile, broadcast over its rows, would be copied out first. The output is
-  realized in its tiles' shape: a reader of slices of its rows (the activation of gate and up) would otherwise reshape
-  the GEMM's axes so that it takes no tensor cores."""
-  tiles = tile_expert.shape[0]
-  experts = tile_expert.unsqueeze(-1).expand(tiles, x.shape[0] // tiles)
+def grouped_gemm(w: Tensor, x: Tensor, experts: Tensor, dtype: DTypeLike) -> Tensor:
+  """x @ w[e].T for tiles of x's rows, each tile with its own expert e (experts [tiles, tile]: each row's, constant across
+  a tile): w [experts, O, in] realized in `dtype` once, x [tiles * tile, in] too, products summed in float32 ->
+  [tiles * tile, O]. On a GPU with half inputs one tensor-core GEMM, each tile reading its expert's weights where it loads
+  them: the weights are indexed for each row of a tile, since the gather of one matrix per tile, broadcast over its rows,
+  would be copied out first. The output is realized in its tiles' shape: a reader of slices of its rows (the activation
+  of gate and up) would otherwise reshape the GEMM's axes so that it takes no tensor cores."""
   rows = x.cast(dtype).contiguous().reshape(*experts.shape, 1, x.shape[-1])
   y = (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32).contiguous()
   return y.reshape(x.shape[0], w.shape[-2])
@@ -211,10 +209,9 @@ class QuantExperts(_PackedWeight):
   def grouped(self, x: Tensor, groups: ExpertGroups) -> Tensor:
     """A prompt chunk's rows in slot order (groups.rows) through their experts: x [slots, in] -> [slots, out], one GEMM
     whose tiles each read their expert's weights once."""
-    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), groups.tile_expert,
-                     self._gemm_dtype())
-    if self.bias is None: return y
-    return y + self.bias[groups.tile_expert.unsqueeze(-1).expand(-1, groups.tile)].reshape(y.shape)
+    experts = groups.slot_experts
+    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), experts, self._gemm_dtype())
+    return y if self.bias is None else y + self.bias[experts].reshape(y.shape)
 
   def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""
