@@ -11,6 +11,8 @@ modules (its files are not touched):
   function's definition at the top of a kernel that calls it.
 - CUDA graphs (ops/cuda_graph.py): built with every launch size at least 1; under settings with `pdl`, kernels rendered for
   sm_90 or later begin with the programmatic-launch entry and the graph joins them by programmatic edges.
+- CPU threads (ops/cpu_threads.py): a kernel split over threads (a `core_id` parameter) is launched as one call of the
+  thread pool's fork-join, which runs its ids on every core at once, where tinygrad launches it once an id in turn.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 """
 import contextlib
@@ -137,6 +139,18 @@ def _cuda_graph_init(build: Callable, cuda: Any) -> Callable:
     with valid_build_dims(), programmatic_edges(self, cuda, settings.edges if settings is not None else [0]): build(self, *args, **kwargs)
   return __init__
 
+def _threaded_call(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
+  """tinygrad's CPU launch of a kernel, or for one split over threads (a `core_id` parameter) one call of the thread
+  pool's fork-join with the kernel, its number of ids and the position of its id among its arguments."""
+  import time
+  from ops import cpu_threads
+  slot, args = self.runtimevars.get("core_id"), [b.va_addr for b in bufs] + [v or 0 for v in vals]
+  if slot is None or self.lvp or global_size[0] < 2 or len(args) > cpu_threads.ARGS - cpu_threads.OWN:
+    return _originals["cpu_call"](self, *bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)
+  start = time.perf_counter()
+  cpu_threads.fork_join(self.addr, global_size[0], slot, args)
+  return time.perf_counter() - start if wait else None
+
 _installed: list[bool] = []
 
 def install() -> None:
@@ -159,6 +173,9 @@ def install() -> None:
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
+  from tinygrad.runtime.ops_cpu import CPUProgram
+  _originals.update(cpu_call=CPUProgram.__call__)
+  CPUProgram.__call__ = _threaded_call   # type: ignore[method-assign]
   try:
     import tinygrad.runtime.autogen.cuda as cuda
     from tinygrad.runtime.graph.cuda import CUDAGraph

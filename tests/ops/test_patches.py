@@ -16,7 +16,7 @@ from ops.patches import KernelSettings
 SNAPSHOT = textwrap.dedent("""
   import importlib, json, pkgutil, sys
   import tinygrad.codegen, tinygrad.codegen.opt.heuristic, tinygrad.engine.jit, tinygrad.engine.realize, tinygrad.renderer.cstyle
-  import tinygrad.runtime.graph.cuda
+  import tinygrad.runtime.graph.cuda, tinygrad.runtime.ops_cpu
   from tinygrad.helpers import ContextVar
   def state() -> dict:
     out = {}
@@ -48,7 +48,8 @@ def test_importing_tinyzoo_leaves_tinygrad_untouched():
   assert changed_by_importing("no") == []
   changed = changed_by_importing("install")   # the same comparison sees what install() changes
   assert {"tinygrad.codegen.opt.heuristic.hand_coded_optimizations", "tinygrad.renderer.cstyle.CStyleLanguage.render",
-          "tinygrad.runtime.graph.cuda.CUDAGraph.__init__", "setting PARALLEL"} <= set(changed), changed
+          "tinygrad.runtime.graph.cuda.CUDAGraph.__init__", "tinygrad.runtime.ops_cpu.CPUProgram.__call__",
+          "setting PARALLEL"} <= set(changed), changed
 
 def test_install_once_and_only_for_its_tinygrad(monkeypatch):
   from tinygrad.codegen.opt import heuristic
