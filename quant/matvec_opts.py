@@ -74,7 +74,7 @@ class MatvecOpts:
   def optimize(self, k: Scheduler) -> Scheduler:
     """The kernel with its opts applied: ours where the kernel is one we know, else tinygrad's heuristic's."""
     try:
-      if not k.ren.has_local: tuned = self._cpu_matvec(k)
+      if not k.ren.has_local: tuned = cpu_gemm(k) or self._cpu_matvec(k)
       elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *self.gpu_sizes(k))
       else: tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
     except KernelOptError: tuned = None
@@ -95,6 +95,47 @@ class MatvecOpts:
   def untuned_shapes(self) -> list[str]:
     """The kernel shapes of GPU matvecs compiled so far that the tuned sizes did not cover."""
     return sorted(set(self.compiled_shapes) - dict(self.tuned).keys())
+
+# A CPU GEMM's register tile: rows of the shorter output axis (a prompt chunk's rows), rows of the other (the weights'),
+# steps of the reduce unrolled; the fastest of the tiles swept for a prompt chunk's matmuls on a 2-core AMD EPYC.
+CPU_GEMM_TILE = (8, 4, 4)
+
+def gemm_axes(k: Scheduler) -> list[int] | None:
+  """The output axes of a GEMM to tile, shorter first: one sum whose output axes, besides those every input of it is
+  indexed by (heads), fall in two sides that no input is indexed by both of (a prompt chunk's rows, read by x and
+  whatever x is computed from; the weights' rows, which a joined gate and up split in several axes; a residual added
+  to the sum is no input of it). Of each side the longest axis of constant size (a side of a symbolic number of cached
+  positions has none). None for other kernels."""
+  if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or len(k.reduceops) != 1 or not k.axes_of(AxisType.REDUCE): return None
+  outputs = [a for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK) if not isinstance(n := k.full_shape[a], int) or n > 1]
+  reduces = k.ranges_of(AxisType.REDUCE)
+  reads = [{a for a in outputs if k.rngs[a] in r} for r in _indices(k, loads=True) if any(red in r for red in reduces)]
+  batch = set.intersection(*reads) if reads else set()
+  sides: list[set[int]] = []
+  for axes in filter(None, (r - batch for r in reads)):
+    joined = [side for side in sides if side & axes]
+    sides = [side for side in sides if not side & axes] + [axes.union(*joined)]
+  if len(sides) != 2 or set().union(batch, *sides) != set(outputs): return None
+  tiled = [max(fixed, key=lambda a: k.full_shape[a]) for side in sides if (fixed := [a for a in side if isinstance(k.full_shape[a], int)])]
+  return sorted(tiled, key=lambda a: k.full_shape[a])
+
+def cpu_gemm(k: Scheduler) -> Scheduler | None:
+  """A CPU GEMM with CPU_GEMM_TILE's register tile (or the largest divisor of it along each axis): tinygrad's heuristic
+  upcasts one output axis only, so each weight it loads serves few of the chunk's rows. None for other kernels."""
+  if not (axes := gemm_axes(k)): return None
+  tuned, (rows, cols, steps) = k.copy(), CPU_GEMM_TILE
+  for axis, n in zip(axes, (rows, cols)):
+    if (n := gcd(n, k.full_shape[axis])) > 1: tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(k.rngs[axis]), n))
+  last = tuned.unrollable_dims[-1] if tuned.unrollable_dims else None
+  if last is not None and isinstance(size := tuned.full_shape[last], int) and (n := gcd(steps, size)) > 1:
+    tuned.apply_opt(Opt(OptOps.UNROLL, len(tuned.unrollable_dims) - 1, n))
+  # the tiles over every core: split the weights' side, else the chunk's
+  threads = tuned.ren.global_max[0] if tuned.ren.has_threads and tuned.ren.global_max else 1
+  for axis in reversed(axes):
+    if threads > 1 and (a := _reduce_axis(tuned, k.rngs[axis].arg)) is not None and tuned.full_shape[a] % threads == 0:
+      tuned.apply_opt(Opt(OptOps.THREAD, a, threads))
+      break
+  return tuned
 
 def kernel_settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forced: Sizes | None = None, pdl: bool = False,
                     prefetch: bool = False, beam: int | None = None, jit_batch_size: int | None = None,
@@ -235,7 +276,8 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   return tuned
 
 def _reduce_axis(k: Scheduler, arg: tuple) -> int | None:
-  """Where the loop left of a reduce axis is after opts split it (they keep its range's arg); None if none is left."""
+  """Where the loop left of an axis (a reduce or an output axis) is after opts split it (they keep its range's arg); None
+  if none is left."""
   return next((a for a, r in enumerate(k.rngs) if r.arg == arg), None)
 
 def _group_divisor(k: Scheduler, arg: tuple, limit: int) -> None:
