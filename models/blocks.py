@@ -158,7 +158,8 @@ class Block:
     return x
 
 class Transformer:
-  """Token ids [B, T] -> logits [B, vocab] at the last position, or at row `last` (a prompt chunk padded after it)."""
+  """Token ids [B, T] -> logits [B, vocab] at the last position: the blocks (`hidden`), then the `head` at the last
+  position or at a given row (a prompt chunk's last token, the chunk padded after it)."""
   def __init__(self, w: Weights, cfg: ModelConfig, blocks: list[Block], embed_scale: float = 1.0):
     # the output norm is folded nowhere: its reader, the sampler, takes realized logits
     self.cfg, self.blocks, self.embed_scale = cfg, blocks, embed_scale
@@ -167,10 +168,17 @@ class Transformer:
     self.output_norm = w.vector("output_norm.weight")
     self.lm_head = w.linear("output") if w.has("output.weight") else w.over(self.embed, "output")
 
-  def __call__(self, tokens: Tensor, start_pos: sint, last: sint | None = None) -> Tensor:
+  def __call__(self, tokens: Tensor, start_pos: sint) -> Tensor: return self.head(self.hidden(tokens, start_pos))
+
+  def hidden(self, tokens: Tensor, start_pos: sint) -> Tensor:
+    """Token ids [B, T] -> the blocks' output [B, T, dim] (the KV caches written)."""
     x = self.embed.dequantize()[tokens]
     if self.embed_scale != 1.0: x = x * self.embed_scale
     for block in self.blocks: x = block(x, start_pos)
+    return x
+
+  def head(self, x: Tensor, last: sint | None = None) -> Tensor:
+    """The blocks' output [B, T, dim] -> logits [B, vocab] at the last position, or at row `last`."""
     x = x[:, -1] if last is None else x.shrink(((0, x.shape[0]), (last, last + 1), (0, x.shape[2])))[:, 0]
     logits = self.lm_head(normed_input(x, self.output_norm, self.cfg.norm_eps, self.norm))
     return logits if self.cfg.final_softcap is None else (logits / self.cfg.final_softcap).tanh() * self.cfg.final_softcap

@@ -64,13 +64,15 @@ class Runtime:
       self.model = arch.build(self.weights, self.cfg, self.max_context + self.chunk)
     self.device = device
     self._decode = TinyJit(self._forward)
-    self._prefill = TinyJit(self._forward)
+    self._prefill, self._head = TinyJit(self._chunk), TinyJit(self._logits)
     self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
     self._prefill_pos = UOp.variable("prefill_pos", 0, self.max_context - 1)
     self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
     self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, self.chunk), dtypes.int32, device)
 
-  def _forward(self, tokens: Tensor, start_pos: UOp, last: UOp | None = None) -> Tensor: return self.model(tokens, start_pos, last).realize()
+  def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
+  def _chunk(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model.hidden(tokens, start_pos).realize()
+  def _logits(self, x: Tensor, last: UOp) -> Tensor: return self.model.head(x, last).realize()
 
   def check_fits(self, n_prompt: int, n_new: int = 0):
     if n_prompt + n_new > self.max_context:
@@ -78,18 +80,15 @@ class Runtime:
                             f"{self.max_context} tokens (--ctx, at most {self.cfg.context_length} for this model)")
 
   def prefill(self, ids: list[int]) -> Tensor:
-    """Runs the prompt from position 0 through the prefill JIT, a chunk at a time (the last one padded). Returns the
-    logits of its last token."""
+    """Runs the prompt from position 0 through the prefill JIT, a chunk at a time (the last one padded), then the head
+    JIT on the last chunk's output alone. Returns the logits of the prompt's last token."""
     if not ids: raise ValueError("empty prompt")
     self.check_fits(len(ids))
-    logits = None
     with self.kernels:
       for pos in range(0, len(ids), self.chunk):
         part = ids[pos:pos + self.chunk]
-        tokens = self._prefill_tokens.write(part + [0] * (self.chunk - len(part)))
-        logits = self._prefill(tokens, self._prefill_pos.bind(pos), self._prefill_last.bind(len(part) - 1))
-    assert logits is not None
-    return logits
+        x = self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
+      return self._head(x, self._prefill_last.bind(len(part) - 1))
 
   def decode(self, token: int | Tensor, pos: int) -> Tensor:
     """Logits [1, vocab] after feeding `token` (an id, or a [1, 1] int32 device tensor such as a sampled one) at `pos`."""

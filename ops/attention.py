@@ -90,6 +90,10 @@ class KVCache:
     return rows[:, start_pos:start_pos + qkv.shape[1], :self.q_width], *self._kv_views(rows)
 
   def update(self, k: Tensor, v: Tensor, start_pos: sint) -> tuple[Tensor, Tensor]:
+    """k [B, Hkv, T, D] and v written at start_pos; returns the caches, read after the write. Several rows (a prompt
+    chunk) are realized first: the write would take a GEMM computing them into its kernel, the joined k and v write's
+    stack of both around it, where the GEMM gets no register tile (CPU) and no tensor cores (GPU)."""
+    if k.shape[-2] > 1: k, v = k.contiguous(), v.contiguous()
     if self.kv is None: return write_positions(self.k, k, start_pos), write_positions(self.v, v, start_pos)
     # k and v side by side on a new leading axis as one expression (padded and added: a cat would write each in a kernel)
     both = k.unsqueeze(0).pad(((0, 1),) + ((0, 0),) * k.ndim) + v.unsqueeze(0).pad(((1, 0),) + ((0, 0),) * v.ndim)
