@@ -63,7 +63,9 @@ class MoE:
       gate_up = self.gate_up.grouped(groups.rows(x.value() if isinstance(x, NormedInput) else x), groups)
       h = gated_down_input(self.activation, gate_up, False, self.act_break, self.act_in_matmul)
       out = groups.combine(self.down.grouped(h, groups), weights)
-      return out if self.shared is None else out + self.shared(x)
+      # the shared experts' output realized apart: added to the combine (a sum over the chosen experts), their down GEMM
+      # would be one kernel with it, off the tensor cores (and the CPU's GEMM tile)
+      return out if self.shared is None else out + self.shared(x).contiguous()
     # one input row [B, T, 1, dim] shared by the k experts
     if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)
     else: gate_up = self.gate_up(x.unsqueeze(-2), sel)

@@ -512,3 +512,17 @@ def test_cpu_gemm_tiled_around_what_it_reads(row_upcast, rng: np.random.Generato
   [opts], got = applied_opts(lambda e, m: e.shrink(((0, 16), (0, m * 8))) @ v.shrink(((0, m * 8), (0, 32))), e, n.bind(3))
   assert gemm_tiles(opts) == [("UPCAST", 8), ("UPCAST", 4)] + [o for o in gemm_tiles(opts)[2:] if o[0] == "THREAD"], opts
   np.testing.assert_allclose(got, e.numpy()[:, :24] @ v.numpy()[:24], rtol=1e-4, atol=1e-4)
+
+def test_gpu_prompt_chunk_moe_with_shared_experts_keeps_every_gemm_on_tensor_cores():
+  """DeepSeek's MoE over a prompt chunk: the shared experts' GEMMs (gate and up, down) run on tensor cores beside the
+  chosen experts' two, the shared down GEMM too, which the weighted sum over the chosen experts had taken into its
+  kernel (two sums in one, no tensor cores)."""
+  from models.catalog import resolve_model
+  from models.runtime import Runtime
+  from profiles.hints import resolve
+  hints = resolve({"prefill": "half", "prefill_chunk": 64, "expert_tile": 32})   # a GPU's tile
+  rt = Runtime(resolve_model("deepseek-v2-lite-tiny"), hints, max_context=64)
+  moe = rt.model.blocks[-1].ffn
+  assert moe.shared is not None
+  with kernel_settings(8): kernels = cuda_kernels(moe(Tensor.empty(1, 64, rt.cfg.dim).realize()))
+  assert sum("mma.sync" in src for src in kernels) == 4
