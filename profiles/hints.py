@@ -111,9 +111,9 @@ HINTS: dict[str, Hint] = {
                   "dequantized to fp16 once per chunk, then a GEMM of fp16 inputs summed in fp32: tensor cores on a GPU; F32 weights such "
                   "as routers in fp32) or "
                   "float (the same in fp32; default half on a GPU, float on the CPU)", PREFILL_MATMULS),
-  "prefill_chunk": Hint(lambda: 32 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
+  "prefill_chunk": Hint(lambda: 128 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
-                        "32 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
+                        "128 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
   "expert_tile": Hint(lambda: 8 if _on_cpu() else 32, _positive, "rows of a prompt chunk's MoE GEMM that share an expert: the "
                       "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "
                       "expert's weights once (default 32 on a GPU, 8 on the CPU; smaller tiles pad less and read the weights "
