@@ -87,6 +87,7 @@ def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
   rows = x.reshape(-1, *lead, x.shape[-1])
   rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]
   y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32)
+  if lead: y = y.contiguous()
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
 
 def grouped_gemm(w: Tensor, x: Tensor, experts: Tensor, dtype: DTypeLike) -> Tensor:

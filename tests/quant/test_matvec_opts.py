@@ -526,3 +526,18 @@ def test_gpu_prompt_chunk_moe_with_shared_experts_keeps_every_gemm_on_tensor_cor
   assert moe.shared is not None
   with kernel_settings(8): kernels = cuda_kernels(moe(Tensor.empty(1, 64, rt.cfg.dim).realize()))
   assert sum("mma.sync" in src for src in kernels) == 4
+
+def test_gpu_prompt_chunk_latent_expansion_on_tensor_cores():
+  """DeepSeek's expanded latent attention over a prompt chunk at a symbolic start: the expansion of each cached position
+  to every head's keys and values is a GEMM a head over a symbolic number of rows, on tensor cores like the chunk's
+  logits, value sums and projections (six GEMMs). It had taken none: its reader split its rows by chunk, and the rule for
+  decode's logits over a symbolic number of positions took it from tinygrad's tensor-core opts."""
+  from tinygrad.uop.ops import UOp
+  from models.catalog import resolve_model
+  from models.runtime import Runtime
+  from profiles.hints import resolve
+  hints = resolve({"prefill": "half", "prefill_chunk": 64, "mla_prefill": "expanded"})
+  rt = Runtime(resolve_model("deepseek-v2-lite-tiny"), hints, max_context=256)
+  start = UOp.variable("start_pos", 0, 128).bind(64)
+  with kernel_settings(8): kernels = cuda_kernels(rt.model.blocks[-1].attn(Tensor.empty(1, 64, rt.cfg.dim).realize(), start))
+  assert sum("mma.sync" in src for src in kernels) == 6
