@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 import yaml
 from tinygrad import Device
+from tinygrad.helpers import NUM_CPU_THREADS
 from profiles.hints import HINTS, Hints, check, from_env, from_manifest, resolve
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes
@@ -29,7 +30,8 @@ PROFILES = Path(__file__).parent
 class ProfileError(ValueError): pass
 
 def device_name() -> str:
-  """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ...' or 'CUDA: NVIDIA H100 80GB HBM3'."""
+  """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ..., 2 cores' (the cores its kernels are split
+  over, tinygrad's NUM_CPU_THREADS) or 'CUDA: NVIDIA H100 80GB HBM3'."""
   dev = Device.DEFAULT
   if dev in ("CUDA", "NV"):
     try: return f"{dev}: " + subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
@@ -37,11 +39,12 @@ def device_name() -> str:
     except (OSError, IndexError): return dev
   cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.machine()) \
     if Path("/proc/cpuinfo").exists() else platform.machine()
-  return f"{dev}: {cpu}, {os.cpu_count()} cores"
+  cores = NUM_CPU_THREADS.value
+  return f"{dev}: {cpu}, {cores} {'core' if cores == 1 else 'cores'}"
 
 def profile_path(device: str, folder: Path | None = None) -> Path:
   """'CUDA: NVIDIA H100 80GB HBM3' -> profiles/cuda-nvidia-h100-80gb-hbm3.yaml (the core count of a CPU name is left out)."""
-  name = re.sub(r",\s*\d+ cores$", "", device)
+  name = re.sub(r",\s*\d+ cores?$", "", device)
   return (folder or PROFILES) / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".yaml")
 
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:

@@ -8,6 +8,7 @@ H100 = "CUDA: NVIDIA H100 80GB HBM3"
 def test_path_from_the_device_name(tmp_path: Path):
   assert profile_path(H100, tmp_path) == tmp_path / "cuda-nvidia-h100-80gb-hbm3.yaml"
   assert profile_path("CPU: Intel(R) Xeon(R) Platinum 8488C, 2 cores", tmp_path).name == "cpu-intel-r-xeon-r-platinum-8488c.yaml"
+  assert profile_path("CPU: Intel(R) Xeon(R) Platinum 8488C, 1 core", tmp_path).name == "cpu-intel-r-xeon-r-platinum-8488c.yaml"
 
 def test_save_merges_and_the_device_finds_its_sizes(tmp_path: Path):
   path = profile_path(H100, tmp_path)
