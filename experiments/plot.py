@@ -224,7 +224,7 @@ def _pp(records: list[dict], experiment: str | None, model: str | None, notes: l
   ax.set_xticks(list(x), [f"{m}\n{d}\n{_metrics(newest[(m, d)]).get('pp_tokens')} tokens" for m, d in keys], fontsize=7)
   ax.set_ylabel("prompt tok/s (log scale)", fontsize=9)
   devices = ", ".join(dict.fromkeys(d for _, d in keys))
-  ax.set_title(f"prompt processing from an empty context, JIT steady state, beside llama.cpp in the same run\n{devices}", fontsize=10)
+  ax.set_title(f"prompt processing from an empty context, JIT steady state,\nbeside llama.cpp in the same run · {devices}", fontsize=10)
   commits = ", ".join(sorted({str(newest[k].get("commit")) for k in keys}))
   notes.append(f"newest record per model and device; commits {commits}")
   return fig, [Patch(color=VARIANT_COLOR, label="tinyzoo"), Patch(color=PEER_STYLES[0][0], label="llama.cpp (peer)")]
