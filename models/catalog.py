@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from models.synth import PRESETS as SYNTH_PRESETS, synthesize
-from quant.files import cache_dir
+from ops.cache import cache_dir
 
 DEFAULT_MODEL = "gemma3-270m"
 SYNTH_PREFIX = "synth:"

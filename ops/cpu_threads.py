@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import threading
-from quant.files import cache_dir
+from ops.cache import cache_dir
 
 ARGS = 63   # the arguments fork_join passes on (tinygrad's CPU kernels take at most 63)
 OWN = 3     # of them, fork_join's own: the kernel, its number of ids, which of its arguments is the id

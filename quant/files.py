@@ -1,11 +1,7 @@
-"""Where tinyzoo keeps what it makes (converted and synthetic models, file hashes): one cache directory, and a model
-file's sha256 computed once."""
+"""A model file's sha256, computed once and remembered in the cache directory."""
 import hashlib
 import os
-from pathlib import Path
-
-def cache_dir() -> Path:
-  return Path(os.environ.get("TINYZOO_CACHE", Path.home() / ".cache" / "tinyzoo"))
+from ops.cache import cache_dir
 
 def file_sha256(path: os.PathLike) -> str:
   """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, GGUFEndian, GGUFValueType as V, LlamaFileType as F, quants
-from quant.files import cache_dir
+from ops.cache import cache_dir
 from quant.gguf_file import GGUFFile, TensorInfo
 from quant.gguf_write import RawTensor, Typed, write_gguf
 from quant.quantize import SUPPORTED, ggml_type_of, quantize

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 from models.catalog import ModelNotFound, resolve_model
-from quant.files import cache_dir
+from ops.cache import cache_dir
 from models.tokenizer import Tokenizer
 from quant.gguf_file import GGUFFile
 
