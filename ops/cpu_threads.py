@@ -7,7 +7,8 @@ takes the first, and it returns when every id has run, so kernels still run one 
 
 The pool is a small C library built with the system's C compiler into the cache directory the first time a threaded
 kernel runs (written whole, then renamed into place). Between kernels a helper spins briefly for the next one, then
-sleeps on a condition variable, so an idle pool takes no core.
+sleeps on a condition variable, so an idle pool takes no core; the caller, waiting for the helpers, spins briefly, then
+yields its core (a helper may be waiting for one where other processes keep the cores busy).
 """
 import ctypes
 import hashlib
@@ -27,6 +28,7 @@ _ARG_PARAMS = ", ".join(f"uint64_t a{i}" for i in range(ARGS - OWN))
 _ARG_COPY = " ".join(f"job.args[{i}] = a{i};" for i in range(ARGS - OWN))
 SOURCE = f"""
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 typedef void (*kernel_fn)({_PARAMS});
@@ -80,7 +82,9 @@ void tz_fork_join(uint64_t fn, uint64_t ids, uint64_t id_arg, {_ARG_PARAMS}) {{
   pthread_cond_broadcast(&woken);
   pthread_mutex_unlock(&lock);
   run_ids(0);
-  while (__atomic_load_n(&finished, __ATOMIC_ACQUIRE) < threads - 1) relax();
+  for (int spin = 0; __atomic_load_n(&finished, __ATOMIC_ACQUIRE) < threads - 1; spin++) {{
+    if (spin < {SPINS}) relax(); else sched_yield();
+  }}
 }}
 """
 
