@@ -114,13 +114,15 @@ def build() -> str:
 _pool: list = []
 _starting = threading.Lock()
 
-def _library(threads: int):
+def _library():
+  """The pool's library, its helpers started (a thread a core, the caller among them) on the first call."""
+  if _pool: return _pool[0]
   with _starting:
     if not _pool:
       lib = ctypes.CDLL(build())
       lib.tz_start.argtypes, lib.tz_start.restype = [ctypes.c_uint64], ctypes.c_int
       lib.tz_fork_join.argtypes, lib.tz_fork_join.restype = [ctypes.c_uint64] * ARGS, None
-      if lib.tz_start(threads): raise ThreadsUnavailable("starting the CPU thread pool's threads failed")
+      if lib.tz_start(cores()): raise ThreadsUnavailable("starting the CPU thread pool's threads failed")
       _pool.append(lib)
   return _pool[0]
 
@@ -131,4 +133,4 @@ def cores() -> int:
 def fork_join(kernel: int, ids: int, id_arg: int, args: list[int]) -> None:
   """Runs the kernel at address `kernel` once for each id below `ids` (its argument `id_arg`, among `args`), spread
   over the pool's threads, and returns when all have run. The pool starts on the first call, with a thread a core."""
-  _library(cores()).tz_fork_join(kernel, ids, id_arg, *args, *[0] * (ARGS - OWN - len(args)))
+  _library().tz_fork_join(kernel, ids, id_arg, *args, *[0] * (ARGS - OWN - len(args)))

@@ -18,8 +18,10 @@ modules (its files are not touched):
 import contextlib
 import ctypes
 import importlib.metadata
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+from ops import cpu_threads
 
 TINYGRAD = "0.14.0"   # the version these changes are written for
 
@@ -142,8 +144,6 @@ def _cuda_graph_init(build: Callable, cuda: Any) -> Callable:
 def _threaded_call(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
   """tinygrad's CPU launch of a kernel, or for one split over threads (a `core_id` parameter) one call of the thread
   pool's fork-join with the kernel, its number of ids and the position of its id among its arguments."""
-  import time
-  from ops import cpu_threads
   slot, args = self.runtimevars.get("core_id"), [b.va_addr for b in bufs] + [v or 0 for v in vals]
   if slot is None or self.lvp or global_size[0] < 2 or len(args) > cpu_threads.ARGS - cpu_threads.OWN:
     return _originals["cpu_call"](self, *bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)

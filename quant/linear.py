@@ -82,7 +82,9 @@ def gemm_dtype(prefill: str) -> DTypeLike:
 def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
   """x @ w.T for many rows of x (a prompt chunk): w [..., O, in] realized in `dtype` once, x [..., *w's leading dims, in]
   too, their products summed in float32 -> [..., O]: on a GPU with half inputs a tensor-core GEMM, each weight read once
-  for all the rows rather than once for each."""
+  for all the rows rather than once for each. A GEMM for each of several matrices (w's leading dims: latent attention's
+  heads) is realized in its own shape [*lead, rows, O]: its readers take its rows apart by x's leading dims (chunks and
+  positions), which would split the GEMM's axes off the tensor cores."""
   lead = w.shape[:-2]
   rows = x.reshape(-1, *lead, x.shape[-1])
   rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]

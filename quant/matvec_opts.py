@@ -76,7 +76,12 @@ class MatvecOpts:
     try:
       if not k.ren.has_local: tuned = cpu_gemm(k) or self._cpu_matvec(k)
       elif matvec_row_axis(k) is not None: tuned = gpu_matvec(k, *self.gpu_sizes(k))
-      else: tuned = tensor_core_gemm(k) or gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k)
+      else:
+        # tinygrad's own opts first where they take tensor cores (a prompt chunk's GEMM over half inputs, its rows a
+        # symbolic number of cached positions too, which the rules after would take as attention's logits)
+        tuned = tinygrad_heuristic(k)
+        if not any(o.op is OptOps.TC for o in tuned.applied_opts):
+          tuned = gpu_chunked_reduce(k) or gpu_full_reduce(k) or gpu_sums_in_short_reduces(k) or gpu_chunked_logits(k) or tuned
     except KernelOptError: tuned = None
     return tuned if tuned is not None else tinygrad_heuristic(k)
 
@@ -343,14 +348,6 @@ def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: i
   per_thread, threads = (1 if inner >= 32 or rows < 1024 else 4), 16
   while threads < min(128, steps) and rows // per_thread * threads < GPU_MATVEC_THREADS: threads *= 2
   return threads, max(1, 64 // threads), per_thread
-
-def tensor_core_gemm(k: Scheduler) -> Scheduler | None:
-  """tinygrad's heuristic's opts where they put the kernel on tensor cores (a prompt chunk's GEMM over half inputs, its
-  rows a symbolic number of cached positions too, which the rules below would otherwise take as attention's logits);
-  None otherwise."""
-  if not k.ren.tensor_cores: return None
-  tuned = tinygrad_heuristic(k)
-  return tuned if any(o.op is OptOps.TC for o in tuned.applied_opts) else None
 
 CHUNK_THREADS = 16
 
