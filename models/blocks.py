@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Callable
 from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, fused_attention
 from ops.activations import Gated
@@ -12,6 +13,7 @@ from quant.linear import gemm_dtype
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
+from profiles.hints import Hints
 
 def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | NormedInput:
   """The RMS norm a matmul reads, by the `norm` hint. fused: the matmul computes the normalization inside, a kernel of
@@ -56,14 +58,14 @@ class AttentionSpec:
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
     self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.hints.attention, w.hints.softmax, w.hints.norm
+    self.split = w.hints.split_kv
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"])
     self.o = w.linear(f"{prefix}.attn_output")
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight") if spec.qk_norm else None
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight") if spec.qk_norm else None
     self.sinks = w.vector(f"{prefix}.attn_sinks.weight") if spec.sinks else None
-    # under ggml rounding the cache is fp16 (attention then rounds q to fp16), as in llama.cpp's default KV cache
-    kv_dtype = dtypes.float16 if w.hints.rounding == "ggml" else dtypes.float32
+    kv_dtype = kv_cache_dtype(w.hints)
     # layout rows where q, k and v are one matmul into a float32 cache (k's norm, if any, is applied where it is read)
     rows = w.hints.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
@@ -111,8 +113,13 @@ class Attention:
     B, _, T, _ = q.shape
     out = fused_attention(q, k, v, start_pos, scale=self.spec.scale, q_rope=(*rope, self.spec.interleaved), window=self.spec.window,
                           sinks=self.sinks, softcap=self.spec.softcap, q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
-                          softmax=self.softmax, chunk_dtype=self.chunk_dtype)
+                          softmax=self.softmax, chunk_dtype=self.chunk_dtype, split=self.split)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
+
+def kv_cache_dtype(hints: Hints) -> DType:
+  """The KV cache's type: fp16 with the hint kv_cache=half or under ggml rounding (as llama.cpp's default cache; attention
+  then rounds q to fp16), else float32."""
+  return dtypes.float16 if hints.kv_cache == "half" or hints.rounding == "ggml" else dtypes.float32
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
   """`attention.sliding_window_pattern` as llama.cpp reads it: one flag per layer, or a period whose last layer attends

@@ -11,10 +11,10 @@ shared experts, gated by softmax or sigmoid (with the `exp_probs_b` selection bi
 metadata says."""
 import math
 from dataclasses import dataclass, replace
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor
 from tinygrad.uop.ops import sint
 from models import spec
-from models.blocks import Block, FeedForward, Transformer
+from models.blocks import Block, FeedForward, Transformer, kv_cache_dtype
 from models.config import ModelConfig
 from models.moe import MoE, MoEConfig
 from models.spec import TensorDef
@@ -102,9 +102,8 @@ class MLAttention:
     self.k_b = w.linear(f"{prefix}.attn_k_b")
     self.v_b = w.linear(f"{prefix}.attn_v_b")
     self.o = w.linear(f"{prefix}.attn_output")
-    # under ggml rounding the cache is fp16, as llama.cpp's default KV cache
-    kv_dtype = dtypes.float16 if w.hints.rounding == "ggml" else dtypes.float32
-    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_dtype, device=w.device)
+    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device)
+    self.split = w.hints.split_kv
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
 
   def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
@@ -123,7 +122,8 @@ class MLAttention:
                                chunk_dtype=self.chunk_dtype).transpose(1, 2)
     else:
       q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-      latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype)
+      latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
+                                 split=self.split)
       out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 

@@ -12,8 +12,13 @@ soft-capped (`soft_capped`), masked (`visible`), softmax stabilized by their max
 A sink (gpt-oss) is one learned logit per query head that joins the softmax denominator and contributes no value.
 Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest: the sums
 over positions then have a static inner axis that a GPU spreads over threads, where over the valid prefix alone (a
-symbolic length) each thread walked every position in turn. The variant `whole` reads every chunk the cache allocated:
+symbolic length) each thread walked every position in turn. A sliding window's layer reads only the newest chunks its
+window reaches (`chunks_read`). The variant `whole` reads every chunk the cache allocated:
 static shapes and loop bounds at every position, at the cost of reading (and masking) the whole cache every step.
+
+Split over the chunks (`split`, flash-decoding): a decode step's value sum is one sum over every position read, few
+outputs (heads times Dv) for a long reduce, which a GPU spreads over only a few workgroups at long context. Split, each
+chunk's sums are realized ([heads, chunks, Dv + 1]: a workgroup per head and chunk) and a second kernel adds them up.
 
 The fused reads (`fused_attention`), each saving a kernel:
 - q rotated where the logits read it (`Reads.rotated`, from `q_rope`: the cos and sin rows of the query positions and the
@@ -36,7 +41,7 @@ The fused reads (`fused_attention`), each saving a kernel:
 from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
-from tinygrad.uop.ops import sint
+from tinygrad.uop.ops import sint, smax
 from ops.norm import rms_scale
 from ops.rope import pair_swapped, rope_per_element
 
@@ -100,10 +105,12 @@ class KVCache:
     kv = write_positions(self.kv, both, start_pos)
     return kv[0], kv[1]
 
-def _chunks(cache: Tensor, n: sint) -> Tensor:
-  """[B, H, L, D] -> its first n chunks, [B, H, 1, 1, n, CHUNK, D] (beside the query group and query axes)."""
+def _chunks(cache: Tensor, span: tuple[sint, sint]) -> Tensor:
+  """[B, H, L, D] -> the chunks span (first, count) names, [B, H, 1, 1, count, CHUNK, D] (beside the query group and query
+  axes)."""
   B, H, L, D = cache.shape
-  return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink_to((B, H, 1, 1, n, CHUNK, D))
+  first, count = span
+  return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink(((0, B), (0, H), (0, 1), (0, 1), (first, first + count), (0, CHUNK), (0, D)))
 
 def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
   """(B, Hq, T, D, Hkv, L) of a query against a cache, both checked."""
@@ -113,15 +120,23 @@ def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
   if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
   return B, Hq, T, D, Hkv, L
 
-def chunks_read(L: int, start_pos: sint, T: int, variant: str) -> sint:
-  """The chunks of a cache of L positions attention reads: those that hold valid positions (chunked), or all (whole)."""
-  return L // CHUNK if variant == "whole" else (start_pos + T + CHUNK - 1) // CHUNK
+def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | None = None) -> tuple[sint, sint]:
+  """The chunks of a cache of L positions attention reads, as (first, count): those that hold valid positions (chunked),
+  or all (whole). With a window, chunked reads a fixed count, as many as the window reaches: rows start_pos.. see keys
+  from start_pos - window + 1 on, in at most (window + T - 2) // CHUNK + 2 chunks up to the newest; the first moves with
+  the position once the newest chunk is past that count (before, chunks past the newest are read and masked)."""
+  n = (start_pos + T + CHUNK - 1) // CHUNK
+  if variant == "whole" or (window is not None and (window + T - 2) // CHUNK + 2 >= L // CHUNK): return 0, L // CHUNK
+  if window is None: return 0, n
+  reach = (window + T - 2) // CHUNK + 2
+  return smax(0, n - reach), reach
 
 def soft_capped(logits: Tensor, cap: float) -> Tensor: return (logits / cap).tanh() * cap
 
-def visible(logits: Tensor, L: int, n: sint, start_pos: sint, window: int | None) -> Tensor:
-  """The logits [..., T, n, CHUNK] of the keys each query sees (at or before its position, inside the window), -inf elsewhere."""
-  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink_to((n, CHUNK))
+def visible(logits: Tensor, L: int, span: tuple[sint, sint], start_pos: sint, window: int | None) -> Tensor:
+  """The logits [..., T, count, CHUNK] of the chunks span (first, count) names, of the keys each query sees (at or before
+  its position, inside the window), -inf elsewhere."""
+  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink(((span[0], span[0] + span[1]), (0, CHUNK)))
   qpos = (Tensor.arange(logits.shape[-3]) + start_pos).reshape(-1, 1, 1)
   seen = kpos <= qpos
   if window is not None: seen = seen & (kpos > qpos - window)
@@ -135,10 +150,14 @@ def max_peak(logits: Tensor, sink: Tensor | None) -> Tensor:
   peak = logits.max(axis=(-2, -1), keepdim=True)
   return peak if sink is None else peak.maximum(sink)
 
+def with_ones(values: Tensor) -> Tensor:
+  """The values [..., Dv] with a column of ones after them: summed with the softmax weights, it gives their denominator."""
+  return values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)
+
 def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
   """sum(e * v) / sum(e) over positions, for a float32 cache: the denominator as one more output column of the value
   sum (v with a column of ones), one kernel, not two; a sink's term is added to that column in the same kernel."""
-  ev = (e.unsqueeze(-1) * values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)).sum(axis=(-3, -2))
+  ev = (e.unsqueeze(-1) * with_ones(values)).sum(axis=(-3, -2))
   if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((values.shape[-1], 0),))
   return ev[..., :-1] / ev[..., -1:]
 
@@ -180,19 +199,46 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
   if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
   return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
 
+def chunk_sums(e: Tensor, values: Tensor) -> Tensor:
+  """Each chunk's sum(e * v) beside its sum(e): e [..., n, CHUNK] and the values [..., n, CHUNK, Dv] -> [..., n, Dv + 1];
+  a half cache meets e rounded to half, the denominator float32 (as half_cache_values)."""
+  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values)).sum(-2)
+  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum(-2, dtype=dtypes.float32)
+  return ev.pad(((0, 0),) * (ev.ndim - 1) + ((0, 1),)) + e.sum(-1, keepdim=True).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+
+def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None) -> Tensor:
+  """softmax_values for one query row split over the chunks read (flash-decoding): each chunk's value sum and denominator
+  (chunk_sums) by one kernel whose workgroups cover every head and chunk, then their sum over the chunks by a second, so
+  that a long context's positions are spread over the whole device where one sum over them ran in few workgroups.
+  With a fixed `peak` (softmax self) the chunks' sums add as they are; with None each chunk is stabilized by its own max
+  and rescaled to the largest when they are added (no kernel for a max over every position)."""
+  local = logits.max(-1, keepdim=True) if peak is None else peak
+  if peak is not None: parts = chunk_sums((logits - peak).exp(), values).contiguous()
+  else:
+    local = (local == float("-inf")).where(0.0, local)   # a chunk every position of which is masked (outside a window)
+    parts = chunk_sums((logits - local).exp(), values).contiguous()
+    top = local.max(-2, keepdim=True)
+    if sink is not None: top = top.maximum(sink)
+    parts, sink_peak = parts * (local - top).exp(), top
+  total = parts.sum(-2)
+  if sink is not None: total = total + (sink - sink_peak).squeeze(-1).exp().pad(((0, 0),) * (total.ndim - 1) + ((values.shape[-1], 0),))
+  return total[..., :-1] / total[..., -1:]
+
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
-              softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+              softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
   """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too;
-  several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values)."""
+  several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values), one row
+  (a decode step) with `split` its value sums split over the chunks (split_softmax_values)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
-  n = chunks_read(L, start_pos, T, variant)
-  return attend_chunks(q, _chunks(k, n), _chunks(v, n), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
-                       chunk_dtype=chunk_dtype)
+  span = chunks_read(L, start_pos, T, variant, window)
+  return attend_chunks(q, _chunks(k, span), _chunks(v, span), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                       chunk_dtype=chunk_dtype, split=split, first=span[0])
 
 def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
-                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
-  """`attention` over the chunks it reads of a cache of L positions: keys [B, Hkv, 1, 1, n, CHUNK, D] and values
-  [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]."""
+                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, split: bool = False,
+                  first: sint = 0) -> Tensor:
+  """`attention` over the chunks it reads of a cache of L positions, from chunk `first` on: keys [B, Hkv, 1, 1, n, CHUNK, D]
+  and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]."""
   (B, Hq, T, D), Hkv = q.shape, keys.shape[1]
   G = Hq // Hkv
   shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
@@ -201,17 +247,18 @@ def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: si
   if T > 1: logits = gemm_logits(qg, keys, chunk_dtype) * scale
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
-  logits, sink = visible(logits, L, keys.shape[-3], start_pos, window), _sinks(sinks, Hkv, G)
-  peak = max_peak(logits, sink)
-  return softmax_values(logits, peak, values, sink, peak, chunk_dtype).reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
+  logits, sink = visible(logits, L, (first, keys.shape[-3]), start_pos, window), _sinks(sinks, Hkv, G)
+  if split and T == 1: out = split_softmax_values(logits, None, values, sink)
+  else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
+  return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
 class Reads:
   """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any
   arithmetic on it), each rotation pair's elements swapped first where asked (pair_swapped, before any broadcast),
   times a norm's weight and rotated by per-element tables (`rotated`)."""
-  def __init__(self, q: Tensor, k: Tensor, start_pos: sint, n: sint, q_rope: tuple[Tensor, Tensor, bool] | None):
+  def __init__(self, q: Tensor, k: Tensor, start_pos: sint, span: tuple[sint, sint], q_rope: tuple[Tensor, Tensor, bool] | None):
     (self.B, Hq, self.T, self.D), self.Hkv = q.shape, k.shape[1]
-    self.q, self.k, self.start_pos, self.n, self.G = q, k, start_pos, n, Hq // self.Hkv
+    self.q, self.k, self.start_pos, self.span, self.G = q, k, start_pos, span, Hq // self.Hkv
     self.half, self.interleaved = (0, False) if q_rope is None else (q_rope[0].shape[-1], q_rope[2])
     # the rotation of the query positions, per element: on q, and on the query's own key where keys are rotated as read
     self.at_queries = None if q_rope is None else \
@@ -226,13 +273,13 @@ class Reads:
     own = self.k[:, :, self.start_pos:self.start_pos + self.T].reshape(self.B, self.Hkv, 1, self.T, 1, 1, self.D)
     return self._swapped(own, swap).expand(shape)
 
-  def cached_keys(self, shape: tuple, swap: bool = False) -> Tensor: return _chunks(self._swapped(self.k, swap), self.n).expand(shape)
+  def cached_keys(self, shape: tuple, swap: bool = False) -> Tensor: return _chunks(self._swapped(self.k, swap), self.span).expand(shape)
 
   def at_keys(self, key_rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """The rotation of each cached key's position, per element, chunked as the keys are (tables padded to the cache)."""
     L = self.k.shape[2]
     cos, sin = (t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))) for t in key_rope)
-    return tuple(_chunks(t.reshape(1, 1, L, self.D), self.n) for t in rope_per_element(cos, sin, self.interleaved, self.D))
+    return tuple(_chunks(t.reshape(1, 1, L, self.D), self.span) for t in rope_per_element(cos, sin, self.interleaved, self.D))
 
   def rotated(self, view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, weight: Tensor | None) -> Tensor:
     """view(shape) times weight (a norm's), rotated by per-element cos and sin tables."""
@@ -274,20 +321,21 @@ def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> T
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
                     key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
-                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
-  `softmax` says. Several query rows (a prompt chunk) take `_chunk_attention`."""
+  `softmax` says, a decode step's value sums split over the chunks with `split`. Several query rows (a prompt chunk)
+  take `_chunk_attention`."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
   # a sink's logit is met at the query's own logit (not linear in q with a norm on q or the keys)
   by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
-  reads = Reads(q, k, start_pos, n := chunks_read(L, start_pos, T, variant), q_rope)
+  reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window), q_rope)
   key_tables = None if key_rope is None else reads.at_keys(key_rope)
   if T > 1: return _chunk_attention(reads, v, L, key_tables, scale=scale, window=window, sinks=sinks, softcap=softcap, q_norm=q_norm,
                                     k_norm=k_norm, chunk_dtype=chunk_dtype)
-  shape = (B, Hkv, reads.G, T, *_chunks(k, n).shape[-3:])   # n as the shrink simplified it
+  shape = (B, Hkv, reads.G, T, *_chunks(k, span).shape[-3:])   # the count as the shrink simplified it
   raw_q = reads.queries(shape)
   if k_norm is not None and by_self: shape = (2, *shape)   # the pair axis of normed_logits_relative_to_own_key
   qg = reads.rotated(reads.queries, shape, reads.at_queries, None if q_norm is None else q_norm[0])
@@ -304,10 +352,12 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
     else: logits = normed_logits_relative_to_own_key(qg, keys, reads.cached_keys(shape), own, reads.own_keys(shape), *q_normed, k_norm[1])
   logits = logits * scale
   if softcap is not None: logits = soft_capped(logits, softcap)
-  logits, sink = visible(logits, L, n, start_pos, window), _sinks(sinks, Hkv, reads.G)
-  if by_self: peak, sink_peak = SELF_MARGIN, None if sink is None else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
-  else: peak = sink_peak = max_peak(logits, sink)
-  return softmax_values(logits, peak, _chunks(v, n), sink, sink_peak, chunk_dtype).reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
+  logits, sink = visible(logits, L, span, start_pos, window), _sinks(sinks, Hkv, reads.G)
+  sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
+  if split: out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak)
+  elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype)
+  else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype)
+  return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
 
 def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, Tensor] | None, *, scale: float, window: int | None,
                      sinks: Tensor | None, softcap: float | None, q_norm: tuple[Tensor, float] | None, k_norm: tuple[Tensor, float] | None,
@@ -319,7 +369,7 @@ def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, 
     x = reads.rotated(view, shape, tables, None if norm is None else norm[0])
     return x if norm is None else x * rms_scale(view(shape), norm[1])
   B, G, T, D = reads.B, reads.G, reads.T, reads.D
-  keys = normed(reads.cached_keys, (B, reads.Hkv, 1, 1, *_chunks(reads.k, reads.n).shape[-3:]), key_tables, k_norm)
+  keys = normed(reads.cached_keys, (B, reads.Hkv, 1, 1, *_chunks(reads.k, reads.span).shape[-3:]), key_tables, k_norm)
   q = normed(reads.queries, (B, reads.Hkv, G, T, 1, 1, D), reads.at_queries, q_norm).reshape(B, reads.Hkv * G, T, D)
-  return attend_chunks(q, keys, _chunks(v, reads.n), L, reads.start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
-                       chunk_dtype=chunk_dtype).cast(reads.q.dtype)
+  return attend_chunks(q, keys, _chunks(v, reads.span), L, reads.start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                       chunk_dtype=chunk_dtype, first=reads.span[0]).cast(reads.q.dtype)

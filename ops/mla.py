@@ -33,12 +33,12 @@ class LatentCache:
     return write_positions(self.rows, c.cat(k_pe.cast(c.dtype), dim=-1), start_pos)
 
 def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float, variant: str = "chunked",
-                  chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+                  chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
   """q_lat [B, H, T, r] (q_nope @ Wk[h]), q_pe [B, H, T, d_rope], rows [B, L, r + d_rope] from LatentCache
   -> the latent output [B, H, T, r] (softmax @ c), which Wv[h] expands to the heads' values."""
   kv = rows.unsqueeze(1)
   return attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale, variant=variant,
-                   chunk_dtype=chunk_dtype)
+                   chunk_dtype=chunk_dtype, split=split)
 
 def expanded_cheaper(rows: int, rank: int, nope_dim: int, v_dim: int) -> bool:
   """Whether a chunk of `rows` query rows costs fewer multiplications expanded than absorbed, at any number of positions
@@ -52,7 +52,7 @@ def expanded_attention(q: Tensor, rows: Tensor, rank: int, start_pos: sint, expa
   position expanded by expand(c [B, n, CHUNK, rank]) -> (k_nope [B, n, CHUNK, H, d_nope], v [B, n, CHUNK, H, d_v]) to
   every head's key concat(k_nope, k_pe) and value -> the heads' outputs [B, H, T, d_v]."""
   (B, H, T, _), L = q.shape, rows.shape[1]
-  read = rows.reshape(B, L // CHUNK, CHUNK, rows.shape[-1]).shrink_to((B, chunks_read(L, start_pos, T, variant), CHUNK, rows.shape[-1]))
+  read = rows.reshape(B, L // CHUNK, CHUNK, rows.shape[-1]).shrink_to((B, chunks_read(L, start_pos, T, variant)[1], CHUNK, rows.shape[-1]))
   n = read.shape[1]
   k_nope, v = expand(read[..., :rank])
   k_pe = read[..., rank:].cast(k_nope.dtype).unsqueeze(-2).expand(B, n, CHUNK, H, rows.shape[-1] - rank)

@@ -67,3 +67,21 @@ def test_decodes_in_eight_kernels_a_block_or_fewer(tmp_path, preset, quant, norm
   assert outs["eight"][1] == outs["default"][1]
   # outside the blocks: the embedding row, the output norm (its sum of squares, when folded) and the output matmul
   assert len(outs["eight"][2]) == per_block * rt.cfg.n_layers + 3, [k.name for k in outs["eight"][2]]
+
+@pytest.mark.parametrize("softmax", ["max", "self"])
+@pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gemma3-270m-tiny", "gpt-oss-20b-tiny", "deepseek-v2-lite-tiny"])
+def test_split_kv_decodes_the_same_tokens(tmp_path, preset, softmax):
+  """`split_kv`: decode steps past two chunk boundaries (Gemma's and GPT-OSS's windowed layers then read from their second
+  chunk on), with a GQA cache, sinks and latent attention, give the logits and greedy tokens of the one sum; each block
+  costs one kernel more (adding the chunks up), two under softmax max (and the largest of the chunks' maxes); latent
+  attention always takes the max."""
+  path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0" if preset != "gpt-oss-20b-tiny" else None)
+  outs = {}
+  for split in (False, True):
+    rt = Runtime(path, resolve({"split_kv": split, "softmax": softmax}), 160)
+    logits = rt.prefill(list(range(5, 130)))
+    outs[split] = (logits.numpy(), list(rt.continue_from(logits, 125, 8, Sampler(SamplerParams(temperature=0)))), rt.kernels_per_token())
+  np.testing.assert_allclose(outs[True][0], outs[False][0], rtol=1e-5, atol=1e-5 * np.abs(outs[False][0]).max())
+  assert outs[True][1] == outs[False][1]
+  more = 2 if softmax == "max" or preset.startswith("deepseek") else 1
+  assert outs[True][2] == outs[False][2] + more * rt.cfg.n_layers, (outs[True][2], outs[False][2])

@@ -1,6 +1,7 @@
 """The dense architectures against an independent float64 numpy forward pass, through prefill (a whole chunk and a
 padded partial one, under this device's prefill matmul) and jitted decode steps at growing positions: the real
-smollm2-135m (Llama) and gemma3-270m, and Qwen3 on its synthetic preset."""
+smollm2-135m (Llama) and gemma3-270m, and Qwen3 on its synthetic preset; by default and with decode attention split over
+the cache's chunks over an fp16 cache."""
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
@@ -9,9 +10,10 @@ from models.runtime import Runtime
 from profiles.hints import resolve
 from tests.models.numpy_reference import forward
 
+@pytest.mark.parametrize("hints", [{}, {"split_kv": True, "kv_cache": "half"}], ids=["", "split-half-cache"])
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen3-0.6b-tiny"])
-def test_logits_match_float64_reference(model: str, rng: np.random.Generator):
-  rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16}), max_context=64)
+def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.Generator):
+  rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16, **hints}), max_context=64)
   vocab = min(20000, rt.cfg.vocab_size)
   ids = rng.integers(10, vocab, size=rt.chunk + 3).tolist()
   got = rt.prefill(ids).numpy()[0]   # a whole chunk and one padded after 3 tokens, then three jitted decode steps
