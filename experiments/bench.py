@@ -1,6 +1,7 @@
-"""`tinyzoo bench`: decode in JIT steady state, with kernels per token, ms per token, bytes read against the memory floor,
-capture and compile time; prompt processing of --pp tokens from an empty context, its prefill JIT captured first (as
-llama-bench's pp test); and llama.cpp measured in the same run when it is installed."""
+"""`tinyzoo bench`: decode in JIT steady state after each of --depth tokens of context (as llama-bench's tg test at its
+-d depths), with kernels per token, ms per token, bytes read against the memory floor, capture and compile time; prompt
+processing of --pp tokens from an empty context, its prefill JIT captured first (as llama-bench's pp test); and llama.cpp
+measured in the same run when it is installed. One record per depth, all from one load and one capture."""
 import dataclasses
 import json
 import os
@@ -30,7 +31,7 @@ from ops.sampling import Sampler, SamplerParams
 @dataclass(frozen=True)
 class BenchConfig:
   hints: Hints = field(default_factory=resolve)   # the kernel hints the model is built with (profiles/hints.py), each with its source
-  prompt_tokens: int = 32          # the context before the timed decode (llama-bench's depth)
+  depths: tuple[int, ...] = (32,)  # the context before the timed decode (llama-bench's -d): a record each
   tokens: int = 64
   pp: int = 512                    # the prompt of the timed prompt processing
   warmup: int = 4
@@ -53,6 +54,12 @@ class BenchConfig:
     return dataclasses.replace(self, hints=self.hints.with_runtime(**switches), requant=requant)
 
   def model_file(self, path: Path) -> Path: return requantized_copy(path, self.requant) if self.requant else path
+
+  @property
+  def depth(self) -> int:
+    """The one depth of a config that measures one (profile, tune)."""
+    if len(self.depths) != 1: raise ValueError(f"one depth is measured here, not {len(self.depths)} ({','.join(map(str, self.depths))})")
+    return self.depths[0]
 
   def runtime(self, path: Path, min_context: int) -> Runtime: return Runtime(path, self.hints, self.ctx or min_context)
 
@@ -88,30 +95,48 @@ def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, Tensor]:
   Device[logits.device].synchronize()
   return time.perf_counter() - t0, logits
 
-def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
+def prompt_length(depth: int) -> int:
+  """The prompt before the timed decode at `depth`: depth tokens, and at depth 0 the one token decode starts from (llama-bench's
+  tg at depth 0 decodes from an empty context, its first token at position 0)."""
+  return max(depth, 1)
+
+def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
+  """A record for each of cfg.depths, in order."""
   path = cfg.model_file(path)
+  if not cfg.depths or min(cfg.depths) < 0: raise ValueError(f"depths must be whole numbers >= 0, got {list(cfg.depths)}")
   patches.install()
   patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
-  rt = cfg.runtime(path, max(cfg.pp, cfg.prompt_tokens + cfg.warmup + cfg.tokens + 8))
+  rt = cfg.runtime(path, max(cfg.pp, prompt_length(max(cfg.depths)) + cfg.warmup + cfg.tokens + 8))
   load_s = time.perf_counter() - t0
   rt.check_fits(cfg.pp)
-  rt.check_fits(cfg.prompt_tokens, cfg.warmup + cfg.tokens + 2)
+  for depth in cfg.depths: rt.check_fits(prompt_length(depth), cfg.warmup + cfg.tokens + 2)
   # prompt processing in JIT steady state: a one-chunk prompt compiles and then captures the prefill JIT, apart
   prefill_compile_s, _ = timed_prefill(rt, [11])
   prefill_capture_s, _ = timed_prefill(rt, [11])
   pp_s = min(timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(PP_REPEATS))
-  _, logits = timed_prefill(rt, prompt_ids(rt, cfg.prompt_tokens))
+  shared = {"pp_tok_s": round(cfg.pp / pp_s, 1), "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk, "prefill_compile_s": round(prefill_compile_s, 2),
+            "prefill_capture_s": round(prefill_capture_s, 2), "load_s": round(load_s, 2)}
+  bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
+  records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
+  for record, peers in zip(records, peers_by_depth(path, cfg)):
+    if peers: record["peer"], record["peers"] = peers[0], peers
+  return records
+
+def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: int, shared: dict, bandwidth: float) -> dict:
+  """The record of decode after `depth` tokens of context; `shared` holds the run's prompt processing and load figures.
+  The decode JIT is captured once, at the first depth; later depths replay it (their compile and capture times ~0)."""
+  _, logits = timed_prefill(rt, prompt_ids(rt, prompt_length(depth)))
   # the generation loop as `run` has it (sampled tokens stay on the device, read back in batches), greedy, no stop token
   sampler, timing = Sampler(SamplerParams(temperature=0)), Timing()
-  for _ in rt.continue_from(logits, cfg.prompt_tokens, 3 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
+  for _ in rt.continue_from(logits, prompt_length(depth), 3 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
   steps = timing.steps   # decode 0 compiles, decode 1 captures
   timed = steps[2 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
   # the same steps queued back to back at one position, never read: the device's time per step where the host keeps ahead
   with rt.kernels:
     chain = [sampler.queue(logits)]
-    def step(): chain[0] = sampler.queue(rt.decode(chain[0], cfg.prompt_tokens))
+    def step(): chain[0] = sampler.queue(rt.decode(chain[0], prompt_length(depth)))
     issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
@@ -119,37 +144,35 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> dict:
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
   nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size, moe[0].n_used / moe[0].n_experts if moe else 1.0)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
-  bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": file_sha256(path),
             "switches": cfg.switches(), "hints": cfg.hints.as_dict(), "profile_file": cfg.hints.profile.name if cfg.hints.profile else None,
             "matvec_shapes": {"gpu_compiled": len(set(matvecs.compiled_shapes)) if matvecs else 0,
                               "untuned": matvecs.untuned_shapes() if matvecs else []},
-            "prompt_tokens": cfg.prompt_tokens, "tokens": cfg.tokens, "pp_tokens": cfg.pp,
+            "prompt_tokens": prompt_length(depth), "tokens": cfg.tokens, "pp_tokens": cfg.pp,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
                         "tok_s": round(1e3 / statistics.median(ms), 3),
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
-                        "pp_tok_s": round(cfg.pp / pp_s, 1), "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk,
-                        "prefill_compile_s": round(prefill_compile_s, 2), "prefill_capture_s": round(prefill_capture_s, 2),
-                        "depth": cfg.prompt_tokens, "compile_s": round(steps[0], 2),
-                        "capture_s": round(steps[1], 2), "load_s": round(load_s, 2),
+                        **shared, "depth": depth, "compile_s": round(steps[0], 2), "capture_s": round(steps[1], 2),
                         "programmatic_edges": rt.kernels.edges[0]}}
   if (form := prefill_form(rt.model, rt.chunk)) is not None: record["metrics"]["mla_prefill"] = form
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
     per_block = topk_kernels(topk_by_name(cfg.hints.topk), moe[0].n_experts, moe[0].n_used, rt.device)
     record["metrics"]["topk"] = {"algorithm": cfg.hints.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
-  peers = [llama_cpp(path, cfg) if cfg.peer else None,
-           tinygrad_app(path, cfg) if cfg.tinygrad_src else None]
-  if (peers := [p for p in peers if p is not None]): record["peer"], record["peers"] = peers[0], peers
   return record
 
-def llama_cpp(path: Path, cfg: BenchConfig) -> dict | None:
-  if cfg.llama_bench: return peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.prompt_tokens, cfg.tokens, cfg.pp)
-  return peer_llamacpp.run(str(path), cfg.prompt_tokens, cfg.tokens, cfg.pp)
+def peers_by_depth(path: Path, cfg: BenchConfig) -> list[list[dict]]:
+  """The peers measured at each of cfg.depths (llama.cpp first): llama-bench once for every depth, llama-cpp-python and
+  tinygrad's app once per depth."""
+  if not cfg.peer: llama = [None] * len(cfg.depths)
+  elif cfg.llama_bench: llama = peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.depths, cfg.tokens, cfg.pp)
+  else: llama = [peer_llamacpp.run(str(path), depth, cfg.tokens, cfg.pp) for depth in cfg.depths]
+  apps = [tinygrad_app(path, cfg, depth) if cfg.tinygrad_src else None for depth in cfg.depths]
+  return [[p for p in pair if p is not None] for pair in zip(llama, apps)]
 
-def tinygrad_app(path: Path, cfg: BenchConfig) -> dict | None:
-  args = ["--src", str(cfg.tinygrad_src), str(path), "--prompt", str(cfg.prompt_tokens), "--warmup", str(cfg.warmup), "--tokens", str(cfg.tokens)]
+def tinygrad_app(path: Path, cfg: BenchConfig, depth: int) -> dict | None:
+  args = ["--src", str(cfg.tinygrad_src), str(path), "--prompt", str(prompt_length(depth)), "--warmup", str(cfg.warmup), "--tokens", str(cfg.tokens)]
   r = subprocess.run([sys.executable, "-m", "experiments.peer_tinygrad", *args], capture_output=True, text=True, timeout=3600)
   if r.returncode != 0:
     print(f"tinygrad app peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)

@@ -2,7 +2,7 @@
 #   bash experiments/device_session.sh STEP...      (carry [".whl", ".lcpp"]; `make device-wheels device-llama-src` here)
 # Steps:
 #   check               GPU against the CPU reference (results/device/reference.json, or reference.STRATEGY.json where
-#                       there is one); stops the session on a mismatch
+#                       there is one; REFERENCE=NAME takes reference.NAME.json); stops the session on a mismatch
 #   synth:PRESET[:Q]    start making that model in the background now (gpt-oss-20b takes minutes); a later step waits for it
 #   gemv:TYPE:RxC       one packed matvec against a device copy, journaled (e.g. gemv:Q4_0:8192x2048)
 #   floor:TYPE:RxC      the fastest read of such a weight's bytes by one CUDA C kernel, and a hand-written CUDA C Q4_0 matvec
@@ -11,10 +11,12 @@
 #                       device's profile (copied to $OUT), which later steps use
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
+#   exp:NAME:PRESET[:Q] the named experiment (experiments/defs/NAME.yaml) on that model, llama-bench beside its baseline
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
-# A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each
+# A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each;
+# bench and profile decode after 32 tokens of context unless one says +depth=D (bench: D[,D...], llama-bench at the same -d)
 # (check takes --norm, --kv-layout, --act-in-matmul, --softmax, --pdl and --pdl-prefetch alone; gemv --pdl, --pdl-prefetch,
 # --strategies=S and --gpu-sizes=T,B,R).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
@@ -54,6 +56,7 @@ for item in "$@"; do
              [ -f "$out" ] || { synthesize "${step#synth:}" "$out" & making[$out]=$!; } ;;
     check) ref=results/device/reference.json   # a strategy that rounds activations its own way has a reference of its own
            [ -f "results/device/reference.$STRATEGY.json" ] && ref="results/device/reference.$STRATEGY.json"
+           [ -n "${REFERENCE:-}" ] && ref="results/device/reference.$REFERENCE.json"
            python3 -m experiments.device_check --against "$ref" --strategy "$STRATEGY" "${flags[@]}" || { status=1; break; } ;;
     gemv:*) IFS=: read -r _ type shape <<< "$step"
             python3 -m tinyzoo matvec --shape "$shape" --type "$type" --strategies "$STRATEGY" "${flags[@]}" || status=1 ;;
@@ -64,9 +67,13 @@ for item in "$@"; do
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready &&
              { peer=(--no-peer); if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi; } &&
-             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" "${flags[@]}" --prompt-tokens 32 --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
+             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --depth 32 "${flags[@]}" --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
+    exp:*) IFS=: read -r _ name model <<< "$step"
+           file=$(model "$model") && llama_bench_ready &&
+           { peer=(--no-peer); if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi; } &&
+           python3 -m tinyzoo exp run "$name" --model "$file" "${peer[@]}" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
-               JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf).txt" || status=1 ;;
+               JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf)${switches:+-${switches//[^A-Za-z0-9_.-]/_}}.txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&
            python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu "${flags[@]}" > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
     ncu-peer:*) file=$(model "${step#ncu-peer:}") && llama_bench_ready && [ -n "${LLAMA_BENCH:-}" ] &&

@@ -22,7 +22,14 @@ def _typed(key: str, kind: type, value: Any) -> Any:
 # what a variant's switches and an experiment's bench sizes may set, each read by its parser: every kernel hint
 # (profiles/hints.py), and `requant`, which swaps the model for a requantized copy
 SWITCHES: dict[str, Callable[[Any], Any]] = {**{n: functools.partial(check, n) for n in HINTS}, "requant": functools.partial(_typed, "requant", str)}
-BENCH_KEYS: dict[str, Callable[[Any], Any]] = {k: functools.partial(_typed, k, int) for k in ("prompt_tokens", "tokens", "pp", "warmup", "ctx")}
+def _depths(value: Any) -> tuple[int, ...]:
+  """`depth`: one depth or a list of them, each a whole number >= 0."""
+  depths = value if isinstance(value, list) else [value]
+  if not depths or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in depths):
+    raise ValueError(f"depth must be a whole number >= 0 or a list of them, got {value!r}")
+  return tuple(depths)
+
+BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k, int) for k in ("tokens", "pp", "warmup", "ctx")}, "depths": _depths}
 
 @dataclass(frozen=True)
 class Variant:
@@ -91,7 +98,8 @@ def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
 def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),
         only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
   """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
-  experiment's); llama.cpp, when installed, is measured once, beside the baseline. Returns the records."""
+  experiment's), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline. Returns the
+  records."""
   chosen = chosen_variants(exp, only)
   name = model or exp.model
   path = model_path(name)
@@ -99,23 +107,28 @@ def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = 
   records = []
   for v in chosen:
     cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
-    record = {**bench(path, model_label(name), cfg), "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
-    on_record(record)
-    records.append(record)
+    for measured in bench(path, model_label(name), cfg):
+      record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
+      on_record(record)
+      records.append(record)
   return records
 
 def results_table(records: list[dict]) -> str:
-  """Variants beside their baseline: kernels/token, tok/s and prompt processing tok/s with the changes from the baseline."""
-  base = next(r for r in records if r["baseline"])["metrics"]
-  head = (f"{'variant':<24} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8} "
-          f"{'pp tok/s':>9} {'Δ pp':>8}")
+  """Variants beside their baseline at the same depth: kernels/token, tok/s and prompt processing tok/s with the changes
+  from the baseline, and llama.cpp's tok/s where it was measured."""
+  bases = {r["metrics"]["depth"]: r["metrics"] for r in records if r["baseline"]}
+  head = (f"{'variant':<24} {'depth':>6} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8} "
+          f"{'pp tok/s':>9} {'Δ pp':>8} {'llama.cpp':>9}")
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
+    if (base := bases.get(m["depth"])) is None: continue
     dk, ds = m["kernels_per_token"] - base["kernels_per_token"], 100 * (m["tok_s"] / base["tok_s"] - 1)
     dp = 100 * (m["pp_tok_s"] / base["pp_tok_s"] - 1)
-    lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['kernels_per_token']:>11} {dk:>+9} {m['tok_s']:>8.2f} "
-                 f"{ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f} {m['pp_tok_s']:>9.1f} {dp:>+7.1f}%")
+    peer = f"{r['peer']['tok_s']:>9.2f}" if "peer" in r else f"{'-':>9}"
+    lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['depth']:>6} {m['kernels_per_token']:>11} {dk:>+9} "
+                 f"{m['tok_s']:>8.2f} {ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f} {m['pp_tok_s']:>9.1f} "
+                 f"{dp:>+7.1f}% {peer}")
   return "\n".join(lines)
 
 def describe(exp: Experiment, journal_records: list[dict]) -> str:

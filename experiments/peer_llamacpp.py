@@ -46,28 +46,31 @@ def run(path: str, prompt_tokens: int, tokens: int, pp: int, threads: int = 2) -
     return None
   return json.loads(r.stdout.strip().splitlines()[-1])
 
-def run_llama_bench(binary: str, path: str, prompt_tokens: int, tokens: int, pp: int, repetitions: int = 3) -> dict | None:
+def run_llama_bench(binary: str, path: str, depths: tuple[int, ...], tokens: int, pp: int, repetitions: int = 3) -> list[dict | None]:
   """llama-bench's prompt processing of `pp` tokens from an empty context (its pp test at depth 0) and decode of `tokens`
-  tokens after `prompt_tokens` of context (its tg test at that depth), or None (reason on stderr)."""
-  cmd = [binary, "-m", path, "-p", str(pp), "-n", str(tokens), "-d", f"0,{prompt_tokens}" if prompt_tokens else "0", "-ngl", "99",
+  tokens after each of `depths` tokens of context (its tg test at each -d depth), in one run: a figure for each depth, None
+  for all (reason on stderr) when it fails or leaves one out."""
+  missed = [None] * len(depths)
+  cmd = [binary, "-m", path, "-p", str(pp), "-n", str(tokens), "-d", ",".join(map(str, sorted({0, *depths}))), "-ngl", "99",
          "-r", str(repetitions), "-o", "json"]
   try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
   except OSError as e:
     print(f"llama.cpp peer not measured: {e}", file=sys.stderr)
-    return None
+    return missed
   if r.returncode != 0:
     print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
-    return None
+    return missed
   tests = json.loads(r.stdout)
   pp_test = next((t for t in tests if t["n_prompt"] == pp and t["n_gen"] == 0 and t["n_depth"] == 0), None)
-  test = next((t for t in tests if t["n_gen"] == tokens and t["n_prompt"] == 0 and t["n_depth"] == prompt_tokens), None)
-  if pp_test is None or test is None:
-    print(f"llama.cpp peer not measured: llama-bench printed no pp{pp} at depth 0 or tg{tokens} at depth {prompt_tokens}", file=sys.stderr)
-    return None
-  return {"engine": f"llama.cpp (llama-bench {test['build_commit']}, {test['backends']}, {test['gpu_info']}, all layers offloaded)",
-          "tok_s": round(test["avg_ts"], 2), "tok_s_stddev": round(test["stddev_ts"], 2), "ms_per_token": round(1e3 / test["avg_ts"], 3),
-          "depth": test["n_depth"], "tokens": test["n_gen"], "pp_tok_s": round(pp_test["avg_ts"], 1),
-          "pp_tok_s_stddev": round(pp_test["stddev_ts"], 1), "pp_tokens": pp}
+  tg = [next((t for t in tests if t["n_gen"] == tokens and t["n_prompt"] == 0 and t["n_depth"] == d), None) for d in depths]
+  if pp_test is None or None in tg:
+    print(f"llama.cpp peer not measured: llama-bench printed no pp{pp} at depth 0 or no tg{tokens} at a depth of "
+          f"{','.join(map(str, depths))}", file=sys.stderr)
+    return missed
+  return [{"engine": f"llama.cpp (llama-bench {t['build_commit']}, {t['backends']}, {t['gpu_info']}, all layers offloaded)",
+           "tok_s": round(t["avg_ts"], 2), "tok_s_stddev": round(t["stddev_ts"], 2), "ms_per_token": round(1e3 / t["avg_ts"], 3),
+           "depth": t["n_depth"], "tokens": t["n_gen"], "pp_tok_s": round(pp_test["avg_ts"], 1),
+           "pp_tok_s_stddev": round(pp_test["stddev_ts"], 1), "pp_tokens": pp} for t in tg]
 
 NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way
 

@@ -1,5 +1,6 @@
 """Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run, speed against the memory
-floor and the peers, the kernel mix, tok/s over commits, and prompt processing per model against the peer's.
+floor and the peers, the kernel mix, tok/s over commits, prompt processing per model against the peer's, and decode tok/s
+against the depth of context before it beside the peer's at the same depths.
 
 Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), written whole or not at all: saved to a
 temp file beside the target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
@@ -22,7 +23,7 @@ from matplotlib.patches import Patch
 from experiments.journal import commit_times
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
-KINDS = ("kernels", "speed", "breakdown", "history", "pp")
+KINDS = ("kernels", "speed", "breakdown", "history", "pp", "depth")
 FORMATS = ("png", "svg", "pdf")
 DPI = 120
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible
@@ -229,6 +230,44 @@ def _pp(records: list[dict], experiment: str | None, model: str | None, notes: l
   notes.append(f"newest record per model and device; commits {commits}")
   return fig, [Patch(color=VARIANT_COLOR, label="tinyzoo"), Patch(color=PEER_STYLES[0][0], label="llama.cpp (peer)")]
 
+def _depth(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  """Decode tok/s against the tokens of context before it, a panel per model and device: a line for each variant of the
+  experiment's latest run (without one: plain bench records, the newest at each depth) and one for each peer, from the
+  peers measured at the same depth in the same runs."""
+  def measured(r: dict) -> bool:
+    m = _metrics(r)
+    return _number(m.get("tok_s")) and isinstance(m.get("depth"), int) and (model is None or r.get("model") == model) and \
+      (r.get("experiment") == experiment if experiment else not r.get("experiment"))
+  _check_experiment(experiment, sorted({str(r["experiment"]) for r in records if r.get("experiment")}))
+  chosen = sorted(filter(measured, records), key=_time)
+  if experiment and chosen: chosen = [r for r in chosen if r.get("run") == chosen[-1].get("run")]
+  if not chosen: raise ValueError(f"no {f'record of experiment {experiment!r}' if experiment else 'bench record'}"
+                                  f"{f' of {model!r}' if model else ''} has decode tok/s at a depth (metrics.depth)")
+  lines: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+  for r in chosen:
+    depth, panel = _metrics(r)["depth"], lines[(str(r.get("model")), short_device(str(r.get("device"))))]
+    panel[str(r.get("variant") or "tinyzoo")][depth] = _metrics(r)["tok_s"]
+    for peer in _peers(r):
+      if peer.get("depth") == depth: panel[f"{short_engine(peer)} (peer)"][depth] = peer["tok_s"]
+  keys = sorted(lines)
+  fig, axes = _grid(len(keys), 6.0, 4.4)
+  colors = dict(zip(sorted({n for k in keys for n in lines[k] if not n.endswith("(peer)")}), itertools.cycle(CATEGORY_COLORS)))
+  peers = dict(zip(sorted({n for k in keys for n in lines[k] if n.endswith("(peer)")}), itertools.cycle(PEER_STYLES)))
+  for ax, key in zip(axes, keys):
+    for name, points in sorted(lines[key].items(), key=lambda kv: (kv[0].endswith("(peer)"), kv[0])):
+      xs = sorted(points)
+      color, ls = peers[name] if name in peers else (colors[name], "-")
+      ax.plot(xs, [points[x] for x in xs], ls=ls, marker="o", color=color, lw=1.6, ms=5)
+      ax.annotate(f"{points[xs[-1]]:.0f}", (xs[-1], points[xs[-1]]), textcoords="offset points", xytext=(4, 0), fontsize=7, color=color)
+    ax.set_ylim(0, max(v for pts in lines[key].values() for v in pts.values()) * 1.2)
+    ax.set_xlabel("depth: tokens of context before the timed decode", fontsize=9)
+    ax.set_ylabel("tok/s (decode)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{experiment or 'bench'} · {key[0]}\n{key[1]}", fontsize=10)
+  notes.append(f"commits {', '.join(sorted({str(r.get('commit')) for r in chosen}))}")
+  return fig, [Line2D([], [], color=c, marker="o", label=n) for n, c in colors.items()] + \
+    [Line2D([], [], color=c, ls=ls, marker="o", label=n) for n, (c, ls) in peers.items()]
+
 def _categories(r: dict) -> dict | None:
   cats = _metrics(r).get("kernel_categories")
   return cats if isinstance(cats, dict) and cats and all(_number(v) for v in cats.values()) else None
@@ -317,7 +356,7 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''} · {models}\n{devices}", fontsize=10)
   return fig, []
 
-DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp}
+DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp, "depth": _depth}
 
 def figure(records: list[dict], kind: str, experiment: str | None = None, model: str | None = None) -> Figure:
   """The chart as a matplotlib Figure (not saved); ValueError, one line, when there is nothing to draw."""

@@ -195,7 +195,7 @@ def _kernel_table(rows: list[KernelRow], with_block: bool) -> list[str]:
 def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in rows]
 
 def profile_model(path, name: str, cfg, repeats: int = 5, prefill: bool = False) -> tuple[str, list[KernelRow], str]:
-  """Captures decode (and the greedy sampler) after a prompt of cfg.prompt_tokens ids, then times `repeats` replays
+  """Captures decode (and the greedy sampler) after cfg.depth tokens of context, then times `repeats` replays
   kernel by kernel. Returns the title, the rows of the decode step and the sampler, and a note on what the times mean.
   Under `ncu_kernel_times` (NCU_RANGE set) it replays one step as captured, inside the profiler's range, untimed.
   With `prefill`, the same of one prompt chunk (cfg.pp tokens, at most a chunk), and the rate its GEMMs reached."""
@@ -247,14 +247,15 @@ def cuda_profiler_range():
     cuda.cuProfilerStop()
 
 def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
-  from experiments.bench import prompt_ids
+  from experiments.bench import prompt_ids, prompt_length
   from experiments.journal import device_name
   from ops.sampling import Sampler, SamplerParams
-  rt = cfg.runtime(path, cfg.prompt_tokens + cfg.warmup + repeats + 8)
+  prompt = prompt_length(cfg.depth)
+  rt = cfg.runtime(path, prompt + cfg.warmup + repeats + 8)
   sampler = Sampler(SamplerParams(temperature=0))
   times: dict[UOp, list[list[float]]] = {}
   with rt.kernels:   # the sampler's kernels too, as the runtime's generation loop compiles them
-    token, pos = sampler(rt.prefill(prompt_ids(rt, cfg.prompt_tokens))), cfg.prompt_tokens
+    token, pos = sampler(rt.prefill(prompt_ids(rt, prompt))), prompt
     for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
     if os.environ.get(NCU_RANGE):
       with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1

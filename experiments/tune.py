@@ -29,7 +29,8 @@ def tune(path: Path, name: str, start: BenchConfig, budget_s: float, on_record: 
   run = f"tune-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
   t0, records = time.perf_counter(), []
   def trial(cfg: BenchConfig) -> dict:
-    record = {**bench(path, name, cfg), "experiment": "tune", "run": run, "variant": changed_switches(cfg.switches()),
+    (measured,) = bench(path, name, cfg)
+    record = {**measured, "experiment": "tune", "run": run, "variant": changed_switches(cfg.switches()),
               "baseline": not records}
     on_record(record)
     records.append(record)

@@ -8,7 +8,7 @@ from quant.qtensor import UnsupportedType
 USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 
 LLAMA_BENCH_HELP = ("measure llama.cpp with this llama-bench binary (a CUDA build, all layers offloaded) instead of llama-cpp-python: "
-                    "its pp of --pp tokens and its decode of --tokens tokens after --prompt-tokens of context")
+                    "its pp of --pp tokens and its decode of --tokens tokens after each --depth of context, in one run")
 MODEL_HELP = f"a GGUF file or a registered model ({', '.join(REAL_MODELS)}); default {DEFAULT_MODEL}"
 
 def cmd_info(args) -> None:
@@ -72,12 +72,18 @@ def model_hints(args, path):
   from profiles.hints import given
   return resolve_hints(path, given(args), profile=not args.no_profile)
 
+def depths(text: str) -> tuple[int, ...]:
+  """--depth's D[,D...]: whole numbers >= 0."""
+  parts = [p.strip() for p in text.split(",")]
+  if not all(p.isdigit() for p in parts): raise argparse.ArgumentTypeError(f"expected whole numbers >= 0 apart by commas, got {text!r}")
+  return tuple(map(int, parts))
+
 def bench_config(args, path):
   from experiments.bench import BenchConfig
-  for n, v in (("--prompt-tokens", args.prompt_tokens), ("--tokens", getattr(args, "tokens", 1)), ("--pp", args.pp)):
+  for n, v in (("--tokens", getattr(args, "tokens", 1)), ("--pp", args.pp)):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  return BenchConfig(model_hints(args, path), prompt_tokens=args.prompt_tokens, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
+  return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
 
@@ -96,9 +102,10 @@ def cmd_hints(args) -> None:
 def cmd_bench(args) -> None:
   from experiments import journal
   from experiments.bench import bench, dump, table
-  record = bench(path := resolve_model(args.model), model_label(args.model), bench_config(args, path))
-  if not args.no_journal: journal.append(record, args.journal)
-  print(dump(record) if args.json else table([record]))
+  records = bench(path := resolve_model(args.model), model_label(args.model), bench_config(args, path))
+  if not args.no_journal:
+    for record in records: journal.append(record, args.journal)
+  print("\n".join(map(dump, records)) if args.json else table(records))
 
 def cmd_profile(args) -> None:
   import json
@@ -193,7 +200,8 @@ def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") ->
 
 def add_bench_options(s: argparse.ArgumentParser) -> None:
   """Sizes of a decode benchmark, and the requantized copy an experiment may measure."""
-  s.add_argument("--prompt-tokens", type=int, default=32, help="prompt length, the context before the timed decode (default 32)")
+  s.add_argument("--depth", "--prompt-tokens", type=depths, default=(32,), metavar="D[,D...]", help="tokens of context before the timed "
+                 "decode, as llama-bench's -d (0: decode from the first position); bench takes several, a record each (default 32)")
   s.add_argument("--pp", type=int, default=512, metavar="N", help="prompt processing measured on a prompt of N tokens from an empty "
                  "context, after the prefill JIT is captured, as llama-bench's ppN (default 512)")
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
@@ -262,8 +270,9 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_logits)
 
   s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",
-                     description="Prefills a prompt of --prompt-tokens token ids, captures decode under TinyJit, then times --tokens decode "
-                                 "steps after --warmup: kernels per token (every kernel the JIT replays), ms/token (median, min, max), tok/s, "
+                     description="Prefills --depth token ids of context, captures decode under TinyJit, then times --tokens decode "
+                                 "steps after --warmup, at each depth given (one load and capture for all, a record each): kernels per "
+                                 "token (every kernel the JIT replays), ms/token (median, min, max), tok/s, "
                                  "bytes of weights read per token and the floor that implies at the copy bandwidth, compile and capture "
                                  "time, prefill tok/s. llama.cpp is measured on the same file in the same run when llama-cpp-python is "
                                  "installed (make reference). Each run is appended to the journal (--journal).")
@@ -281,7 +290,7 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_bench)
 
   s = sub.add_parser("profile", help="one decode step kernel by kernel: category, block and module, time",
-                     description="Captures decode after a prompt of --prompt-tokens ids and replays it --repeats times, launching and timing "
+                     description="Captures decode after --depth tokens of context and replays it --repeats times, launching and timing "
                                  "every kernel alone where the backend allows (inside a graph batch only the batch can be timed: those "
                                  "times are averages and are marked *). Prints a per-block summary by category (matmul/GEMV, reduce, "
                                  "elementwise, copy), then the per-block kernel map: each kernel's name, category, the weight or cache it "
@@ -321,11 +330,13 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_exp)
 
   from experiments.plot import KINDS
-  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing",
+  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing, depth",
                      description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
                                  "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
                                  "and kernels/token over commits; pp: prompt processing tok/s per model beside llama.cpp's of the same "
-                                 "prompt length (bench --pp), the newest record of each. Experiments show their latest run.")
+                                 "prompt length (bench --pp), the newest record of each; depth: decode tok/s against the depth of context "
+                                 "before it (bench --depth), a line per variant and one per peer at the same depths. Experiments show "
+                                 "their latest run.")
   s.add_argument("journal", nargs="?", default=None, help="a journal file (default: yours, $TINYZOO_JOURNAL or "
                  "~/.local/share/tinyzoo/journal.jsonl; the project's records are results/journal.jsonl)")
   s.add_argument("--kind", choices=KINDS, default="kernels", help="which chart (default kernels)")

@@ -30,21 +30,26 @@ print(json.dumps(tests))
 
 def test_llama_bench_peer_runs_pp_and_tg_at_depth_and_reads_its_json(tmp_path: Path):
   exe = fake_llama_bench(tmp_path, f"open({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv[1:]))" + FAKE_TESTS)
-  peer = peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128, 512)
+  (peer,) = peer_llamacpp.run_llama_bench(exe, "model.gguf", (32,), 128, 512)
   assert peer is not None and peer["tok_s"] == 932.0 and peer["ms_per_token"] == pytest.approx(1e3 / 932.0, abs=1e-3)
   assert peer["pp_tok_s"] == 40000.0 and peer["pp_tokens"] == 512 and peer["depth"] == 32
   assert "abc123" in peer["engine"] and "H100" in peer["engine"]
   assert (tmp_path / "argv").read_text() == "-m model.gguf -p 512 -n 128 -d 0,32 -ngl 99 -r 3 -o json"
-  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", 0, 16, 64)["tok_s"] == 900.0
+  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", (0,), 16, 64)[0]["tok_s"] == 900.0
+  # several depths in one run, in the order asked, each with the pp from an empty context
+  peers = peer_llamacpp.run_llama_bench(exe, "model.gguf", (16384, 0, 4096), 128, 512)
+  assert [p["depth"] for p in peers] == [16384, 0, 4096] and [p["tok_s"] for p in peers] == [17284.0, 900.0, 4996.0]
+  assert {p["pp_tok_s"] for p in peers} == {40000.0}
+  assert (tmp_path / "argv").read_text() == "-m model.gguf -p 512 -n 128 -d 0,4096,16384 -ngl 99 -r 3 -o json"
 
 def test_llama_bench_peer_failures_are_one_line_and_none(tmp_path: Path, capsys):
   exe = fake_llama_bench(tmp_path, "sys.exit('error: failed to load model')")
-  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", 32, 128, 512) is None
-  assert peer_llamacpp.run_llama_bench(str(tmp_path / "missing"), "model.gguf", 32, 128, 512) is None
+  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", (32,), 128, 512) == [None]
+  assert peer_llamacpp.run_llama_bench(str(tmp_path / "missing"), "model.gguf", (32, 64), 128, 512) == [None, None]
   assert "failed to load model" in capsys.readouterr().err
   no_pp = fake_llama_bench(tmp_path, "print(json.dumps([]))")
-  assert peer_llamacpp.run_llama_bench(no_pp, "model.gguf", 32, 128, 512) is None
-  assert "printed no pp512 at depth 0 or tg128 at depth 32" in capsys.readouterr().err
+  assert peer_llamacpp.run_llama_bench(no_pp, "model.gguf", (32,), 128, 512) == [None]
+  assert "printed no pp512 at depth 0 or no tg128 at a depth of 32" in capsys.readouterr().err
 
 def test_journal_takes_the_commit_a_copied_tree_is_told(monkeypatch):
   monkeypatch.setenv("TINYZOO_COMMIT", "662cd1501f7c")

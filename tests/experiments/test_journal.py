@@ -44,9 +44,12 @@ def test_bench_and_plot_use_the_users_journal(tmp_path: Path, monkeypatch, capsy
   project = journal.PROJECT_JOURNAL.read_bytes()
   assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer",
                "--bandwidth", "1"]) == 0
-  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer", "--bandwidth", "1",
+  assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--depth", "0,3", "--pp", "4", "--no-peer", "--bandwidth", "1",
                "--journal", str(other := tmp_path / "other.jsonl")]) == 0
-  assert [r["model"] for r in journal.read(mine)] == [r["model"] for r in journal.read(other)] == ["smollm2-135m-tiny"]
+  assert [r["model"] for r in journal.read(mine)] == ["smollm2-135m-tiny"]
+  # a record per depth, from one run: depth 0 decodes from the first position, after the one token it starts from
+  theirs = journal.read(other)
+  assert [(r["metrics"]["depth"], r["prompt_tokens"]) for r in theirs] == [(0, 1), (3, 3)] and len({r["metrics"]["pp_tok_s"] for r in theirs}) == 1
   assert journal.PROJECT_JOURNAL.read_bytes() == project
   assert main(["plot", "--kind", "history", "-o", str(tmp_path / "h.png")]) == 0 and (tmp_path / "h.png").exists()
   monkeypatch.setenv("TINYZOO_JOURNAL", str(tmp_path / "none.jsonl"))

@@ -18,10 +18,10 @@ from models.synth import synthesize
 def tiny(tmp_path_factory) -> Path:
   return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
 
-SMALL = BenchConfig(prompt_tokens=4, tokens=3, pp=6, warmup=1, peer=False)
+SMALL = BenchConfig(depths=(4,), tokens=3, pp=6, warmup=1, peer=False)
 
 def test_profile_accounts_for_every_kernel(tiny: Path):
-  record = bench(tiny, "tiny", SMALL)
+  (record,) = bench(tiny, "tiny", SMALL)
   title, rows, note = profile_model(tiny, "tiny", SMALL, repeats=2)
   assert len(rows) == record["metrics"]["kernels_per_token"] == sum(record["metrics"]["kernel_categories"].values())
   assert {r.category for r in rows} <= set(CATEGORIES) and [r.index for r in rows] == list(range(len(rows)))
@@ -41,7 +41,7 @@ def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
   (defs / "iso.yaml").write_text("""
 description: isolation on the tiny model
 model: tiny
-bench: {prompt_tokens: 4, tokens: 3, pp: 6, warmup: 1}
+bench: {depths: 4, tokens: 3, pp: 6, warmup: 1}
 baseline: {name: full, switches: {}}
 variants:
   - {name: attention only, switches: {skip: [ffn]}}
@@ -127,5 +127,5 @@ def test_bytes_per_token_count_only_the_experts_a_token_uses(tmp_path: Path):
               and "ffn_gate_inp" not in k)
   router = sum(v for k, v in sizes.items() if "ffn_gate_inp" in k)
   head = sizes["output.weight"] + sizes["token_embd.weight"] // g.require("llama.vocab_size")
-  record = bench(path, "moe", SMALL)
+  (record,) = bench(path, "moe", SMALL)
   assert record["metrics"]["bytes_per_token"] == dense + router + head + round(experts * used / n)

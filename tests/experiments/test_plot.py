@@ -15,9 +15,10 @@ def rec(time: str, commit: str, model: str = "smollm2-135m", tok_s: float = 5.0,
   ms = 1e3 / tok_s
   metrics = {"kernels_per_token": kpt, "tok_s": tok_s, "ms_per_token": {"median": ms, "min": 0.8 * ms, "max": 1.3 * ms}, "floor_ms": 9.3,
              "bytes_per_token": 96436836, "bandwidth_gb_s": 10.3, "pp_tok_s": 13.0, "pp_tokens": 512, "compile_s": 20.0, "capture_s": 5.0,
-             "load_s": 4.0}
+             "load_s": 4.0, "depth": 32}
   if cats: metrics["kernel_categories"] = {"matmul": kpt // 3, "reduce": kpt // 4, "elementwise": kpt - kpt // 3 - kpt // 4 - 12, "copy": 12}
-  peers = [{"engine": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "tok_s": 67.5, "ms_per_token": 14.8, "pp_tok_s": 150.0, "pp_tokens": 512},
+  peers = [{"engine": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "tok_s": 67.5, "ms_per_token": 14.8, "pp_tok_s": 150.0, "pp_tokens": 512,
+            "depth": 32},
            {"engine": "tinygrad.llm@a9069c177a", "tok_s": 3.1, "kernels_per_token": 430}]
   return {"time": f"2026-11-{time}+00:00", "commit": commit, "dirty": False, "device": DEVICE, "backend": "CPU", "tinygrad": "0.14.0",
           "model": model, "file": f"{model}.gguf", "switches": {"strategy": "packed_dot"}, "prompt_tokens": 32, "tokens": 64,
@@ -50,7 +51,8 @@ def check_png(path: Path) -> None:
   assert 0.02 < ink < 0.8 and len(np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2])) > 50
 
 VARIANTS = {"kernels": ["packed_dot", "fused", "dequant_cache_fp16", "exact", "ggml"], "speed": ["packed_dot", "fused", "exact", "ggml"],
-            "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"], "pp": ["0.09x", "llama.cpp"]}
+            "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"], "pp": ["0.09x", "llama.cpp"],
+            "depth": ["tinyzoo", "llama.cpp", "depth: tokens of context"]}
 
 @pytest.mark.parametrize("kind", plot.KINDS)
 def test_each_kind_renders_png_and_svg(kind: str, records: list[dict], tmp_path: Path):
@@ -67,6 +69,7 @@ def test_titles_name_model_and_device(kind: str, records: list[dict]):
   titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
   assert titles and all(SHORT in t for t in titles)
   if kind == "pp": assert len(titles) == 1   # one chart: a pair of bars per model and device
+  elif kind == "depth": assert sorted(titles) == [f"bench · {m}\n{SHORT}" for m in ("gemma3-270m", "smollm2-135m")]   # plain benches
   elif kind != "history":
     assert sorted(t.split(" · ")[0] for t in titles) == ["rounding", "strategy"]   # one subplot per experiment
     assert any("smollm2-135m" in t for t in titles if t.startswith("strategy"))
@@ -125,12 +128,14 @@ def test_older_records_only_history(records: list[dict], tmp_path: Path):
     with pytest.raises(ValueError, match="no experiment records"): plot.plot(old, kind, tmp_path / "x.png")
 
 @pytest.mark.parametrize("kind,kw,match", [
-  ("bars", {}, r"unknown plot kind 'bars'; kinds: kernels, speed, breakdown, history, pp"),
+  ("bars", {}, r"unknown plot kind 'bars'; kinds: kernels, speed, breakdown, history, pp, depth"),
   ("kernels", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
   ("history", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
   ("speed", {"model": "llama-70b"}, r"no experiment records for model 'llama-70b'; models: gemma3-270m, smollm2-135m"),
   ("history", {"model": "llama-70b"}, r"no bench or baseline records for model 'llama-70b'"),
   ("pp", {"model": "llama-70b"}, r"no record has prompt processing beside a peer's of the same length"),
+  ("depth", {"experiment": "nope"}, r"unknown experiment 'nope'; known: rounding, strategy"),
+  ("depth", {"model": "llama-70b"}, r"no bench record of 'llama-70b' has decode tok/s at a depth"),
 ])
 def test_bad_input_is_one_clear_line(kind: str, kw: dict, match: str, records: list[dict], tmp_path: Path):
   with pytest.raises(ValueError, match=match) as e: plot.plot(records, kind, tmp_path / "x.png", **kw)
@@ -183,11 +188,32 @@ def test_missing_fields_never_crash(kind: str, records: list[dict]):
     mixed = [drop(r, FIELDS[(i + shift) % len(FIELDS)]) for i, r in enumerate(records)]
     assert plot.figure(mixed, kind).axes
   # a field gone from every record: the charts that need it say so in one line, the others draw
-  needs = {"metrics": "prompt processing" if kind == "pp" else
+  needs = {"metrics": "prompt processing" if kind == "pp" else "metrics.depth" if kind == "depth" else
            f"metrics.{'tok_s' if kind in ('speed', 'history') else 'kernel_categories' if kind == 'breakdown' else 'kernels_per_token'}",
-           "variant": "without a variant name" if kind not in ("history", "pp") else None}
+           "variant": "without a variant name" if kind not in ("history", "pp", "depth") else None}
   for field in ("metrics", "time", "run", "variant"):
     if needs.get(field) is None: assert plot.figure([drop(r, field) for r in records], kind).axes, field
     else:
       with pytest.raises(ValueError, match=needs[field]) as e: plot.figure([drop(r, field) for r in records], kind)
       assert "\n" not in str(e.value)
+
+def test_depth_draws_each_variant_and_the_peer_against_depth(records: list[dict]):
+  """The decode-depth chart: a line per variant of the experiment's latest run and one for llama.cpp, each point the
+  tok/s at a depth, the peer's from the same record's peer at that depth (an older run and other peers' depths left out)."""
+  def at(depth: int, name: str, tok_s: float, run: str = "run-d", peer: float | None = None) -> dict:
+    r = variant(f"23T0{len(depths)}:00:00", "decode-depth", run, name, name == "one sum", model="llama3.2-1b", tok_s=tok_s)
+    r["metrics"]["depth"] = depth
+    r["peer"] = r["peers"][0] = {**r["peer"], "depth": depth if peer else depth + 1, "tok_s": peer or 1.0}
+    depths.append(r)
+    return r
+  depths: list[dict] = []
+  at(0, "one sum", 999.0, run="run-old", peer=1.0)
+  for d, one, split, peer in ((0, 1200.0, 1150.0, 950.0), (4096, 500.0, 900.0, 860.0), (16384, 190.0, 640.0, 700.0)):
+    at(d, "one sum", one, peer=peer)
+    at(d, "split", split, peer=None)
+  fig = plot.figure(records + depths, "depth", experiment="decode-depth")
+  (ax,) = [a for a in fig.axes if a.get_title()]
+  series = sorted((list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines())
+  assert series == sorted([([0, 4096, 16384], [1200.0, 500.0, 190.0]), ([0, 4096, 16384], [1150.0, 900.0, 640.0]),
+                           ([0, 4096, 16384], [950.0, 860.0, 700.0])])
+  assert ax.get_title() == f"decode-depth · llama3.2-1b\n{SHORT}"

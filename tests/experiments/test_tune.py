@@ -9,7 +9,7 @@ from profiles.device import device_name, load, profile_path, save_matvec_sizes
 from profiles.hints import resolve
 from tinyzoo.cli import main
 
-SMALL = {"prompt_tokens": 4, "tokens": 2, "pp": 6, "warmup": 1, "peer": False}
+SMALL = {"depths": (4,), "tokens": 2, "pp": 6, "warmup": 1, "peer": False}
 
 def test_one_hint_at_a_time_from_the_start(monkeypatch):
   monkeypatch.setattr(tuning, "SEARCH", {"norm": ("fused", "break", "fold")})
