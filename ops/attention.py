@@ -150,9 +150,9 @@ def max_peak(logits: Tensor, sink: Tensor | None) -> Tensor:
   peak = logits.max(axis=(-2, -1), keepdim=True)
   return peak if sink is None else peak.maximum(sink)
 
-def with_ones(values: Tensor) -> Tensor:
-  """The values [..., Dv] with a column of ones after them: summed with the softmax weights, it gives their denominator."""
-  return values.pad(((0, 0),) * (values.ndim - 1) + ((0, 1),), value=1.0)
+def with_ones(values: Tensor, ones: int = 1) -> Tensor:
+  """The values [..., Dv] with columns of ones after them: summed with the softmax weights, each gives their denominator."""
+  return values.pad(((0, 0),) * (values.ndim - 1) + ((0, ones),), value=1.0)
 
 def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
   """sum(e * v) / sum(e) over positions, for a float32 cache: the denominator as one more output column of the value
@@ -199,29 +199,41 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
   if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
   return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
 
-def chunk_sums(e: Tensor, values: Tensor) -> Tensor:
-  """Each chunk's sum(e * v) beside its sum(e): e [..., n, CHUNK] and the values [..., n, CHUNK, Dv] -> [..., n, Dv + 1];
-  a half cache meets e rounded to half, the denominator float32 (as half_cache_values)."""
-  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values)).sum(-2)
-  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum(-2, dtype=dtypes.float32)
-  return ev.pad(((0, 0),) * (ev.ndim - 1) + ((0, 1),)) + e.sum(-1, keepdim=True).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+# the columns of ones beside a chunk's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
+# threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
+SUM_ONES = 16
 
-def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None) -> Tensor:
+def chunk_sums(e: Tensor, values: Tensor) -> Tensor:
+  """Each chunk's sum(e * v) beside its sum(e): e [..., n, CHUNK] and the values [..., n, CHUNK, Dv] -> [..., n, Dv + SUM_ONES],
+  the denominator in each of the last columns; a half cache meets e rounded to half, the denominator float32 (as
+  half_cache_values)."""
+  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values, SUM_ONES)).sum(-2)
+  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum(-2, dtype=dtypes.float32)
+  return ev.pad(((0, 0),) * (ev.ndim - 1) + ((0, SUM_ONES),)) + \
+    e.sum(-1, keepdim=True).expand(*ev.shape[:-1], SUM_ONES).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+
+def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
+                         most: int | None = None) -> Tensor:
   """softmax_values for one query row split over the chunks read (flash-decoding): each chunk's value sum and denominator
   (chunk_sums) by one kernel whose workgroups cover every head and chunk, then their sum over the chunks by a second, so
   that a long context's positions are spread over the whole device where one sum over them ran in few workgroups.
   With a fixed `peak` (softmax self) the chunks' sums add as they are; with None each chunk is stabilized by its own max
-  and rescaled to the largest when they are added (no kernel for a max over every position)."""
-  local = logits.max(-1, keepdim=True) if peak is None else peak
-  if peak is not None: parts = chunk_sums((logits - peak).exp(), values).contiguous()
-  else:
+  and rescaled to the largest when they are added (no kernel for a max over every position). A symbolic count of chunks
+  is padded to `most` (the cache's) where the sums are written, so that the second kernel sums a static axis, which a GPU
+  spreads over threads (over a symbolic one each thread walked every chunk)."""
+  Dv, n = values.shape[-1], logits.shape[-2]
+  def grown(t: Tensor, value: float) -> Tensor:
+    return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n), (0, 0)), value=value)
+  if peak is None:
+    local = logits.max(-1, keepdim=True)
     local = (local == float("-inf")).where(0.0, local)   # a chunk every position of which is masked (outside a window)
-    parts = chunk_sums((logits - local).exp(), values).contiguous()
-    top = local.max(-2, keepdim=True)
+  parts = grown(chunk_sums((logits - (local if peak is None else peak)).exp(), values), 0.0).contiguous()[..., :Dv + 1]
+  if peak is None:
+    top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
     parts, sink_peak = parts * (local - top).exp(), top
   total = parts.sum(-2)
-  if sink is not None: total = total + (sink - sink_peak).squeeze(-1).exp().pad(((0, 0),) * (total.ndim - 1) + ((values.shape[-1], 0),))
+  if sink is not None: total = total + (sink - sink_peak).squeeze(-1).exp().pad(((0, 0),) * (total.ndim - 1) + ((Dv, 0),))
   return total[..., :-1] / total[..., -1:]
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
@@ -248,7 +260,7 @@ def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: si
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, (first, keys.shape[-3]), start_pos, window), _sinks(sinks, Hkv, G)
-  if split and T == 1: out = split_softmax_values(logits, None, values, sink)
+  if split and T == 1: out = split_softmax_values(logits, None, values, sink, most=L // CHUNK)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
@@ -354,7 +366,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, span, start_pos, window), _sinks(sinks, Hkv, reads.G)
   sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
-  if split: out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak)
+  if split: out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak, L // CHUNK)
   elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
