@@ -218,16 +218,16 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
   (chunk_sums) by one kernel whose workgroups cover every head and chunk, then their sum over the chunks by a second, so
   that a long context's positions are spread over the whole device where one sum over them ran in few workgroups.
   With a fixed `peak` (softmax self) the chunks' sums add as they are; with None each chunk is stabilized by its own max
-  and rescaled to the largest when they are added (no kernel for a max over every position). A symbolic count of chunks
-  is padded to `most` (the cache's) where the sums are written, so that the second kernel sums a static axis, which a GPU
-  spreads over threads (over a symbolic one each thread walked every chunk)."""
+  and rescaled to the largest when they are added (no kernel for a max over every position). The second kernel reads a
+  symbolic count of chunks' sums padded to `most` (the cache's), so that it sums a static axis, which a GPU spreads over
+  threads (over a symbolic one each thread walked every chunk); the padding is no memory read."""
   Dv, n = values.shape[-1], logits.shape[-2]
   def grown(t: Tensor, value: float) -> Tensor:
     return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n), (0, 0)), value=value)
   if peak is None:
     local = logits.max(-1, keepdim=True)
     local = (local == float("-inf")).where(0.0, local)   # a chunk every position of which is masked (outside a window)
-  parts = grown(chunk_sums((logits - (local if peak is None else peak)).exp(), values), 0.0).contiguous()[..., :Dv + 1]
+  parts = grown(chunk_sums((logits - (local if peak is None else peak)).exp(), values).contiguous()[..., :Dv + 1], 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
