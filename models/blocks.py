@@ -69,7 +69,7 @@ class Attention:
     # layout rows where q, k and v are one matmul into a float32 cache (k's norm, if any, is applied where it is read)
     rows = w.hints.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
-                         q_width=cfg.n_heads * cfg.head_dim if rows else None)
+                         q_width=cfg.n_heads * cfg.head_dim if rows else None, per_part=max(1, self.split))
     if self.cache.rows is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
     elif self.cache.kv is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.kv)
     else:

@@ -102,7 +102,7 @@ class MLAttention:
     self.k_b = w.linear(f"{prefix}.attn_k_b")
     self.v_b = w.linear(f"{prefix}.attn_v_b")
     self.o = w.linear(f"{prefix}.attn_output")
-    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device)
+    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device, per_part=max(1, w.hints.split_kv))
     self.split = w.hints.split_kv
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
 

@@ -16,9 +16,10 @@ symbolic length) each thread walked every position in turn. A sliding window's l
 window reaches (`chunks_read`). The variant `whole` reads every chunk the cache allocated:
 static shapes and loop bounds at every position, at the cost of reading (and masking) the whole cache every step.
 
-Split over the chunks (`split`, flash-decoding): a decode step's value sum is one sum over every position read, few
-outputs (heads times Dv) for a long reduce, which a GPU spreads over only a few workgroups at long context. Split, each
-chunk's sums are realized ([heads, chunks, Dv + 1]: a workgroup per head and chunk) and a second kernel adds them up.
+Split into parts (`split`, flash-decoding): a decode step's value sum is one sum over every position read, few outputs
+(heads times Dv) for a long reduce, which a GPU spreads over only a few workgroups at long context. Split, each part's
+sums (a part: `split` chunks) are realized ([heads, parts, Dv + 1]: a workgroup per head and part) and a second kernel
+adds them up. The cache is then allocated and read in whole parts.
 
 The fused reads (`fused_attention`), each saving a kernel:
 - q rotated where the logits read it (`Reads.rotated`, from `q_rope`: the cos and sin rows of the query positions and the
@@ -53,9 +54,9 @@ SOFTMAXES = ("max", "self")   # the softmax's stabilizer: the logits' max, or ea
 # down to e^-87), and logits up to about 148 - ln(positions) above it stay finite
 SELF_MARGIN = 60.0
 
-def cache_positions(max_ctx: int) -> int:
-  """Positions a cache allocates for max_ctx: whole chunks."""
-  return -(-max_ctx // CHUNK) * CHUNK
+def cache_positions(max_ctx: int, per_part: int = 1) -> int:
+  """Positions a cache allocates for max_ctx: whole chunks, a multiple of `per_part` of them (split attention's parts)."""
+  return -(-max_ctx // (CHUNK * per_part)) * CHUNK * per_part
 
 def write_positions(buf: Tensor, x: Tensor, start_pos: sint) -> Tensor:
   """Write x [..., T, D] into the cache buffer [..., L, D] at positions start_pos..start_pos+T, in place; returns buf."""
@@ -63,7 +64,7 @@ def write_positions(buf: Tensor, x: Tensor, start_pos: sint) -> Tensor:
   return buf
 
 class KVCache:
-  """Per-layer key and value caches, k [B, Hkv, L, D] and v [B, Hkv, L, Dv] with L = cache_positions(max_ctx),
+  """Per-layer key and value caches, k [B, Hkv, L, D] and v [B, Hkv, L, Dv] with L = cache_positions(max_ctx, per_part),
   zero-initialised on the device. Where D == Dv they are the two halves of one buffer [2, B, Hkv, L, D], so a step
   writes both in one kernel.
   With `q_width` (layout `rows`) the cache is one buffer [B, L, q_width + Hkv*(D + Dv)] holding each position's q, k and
@@ -71,8 +72,8 @@ class KVCache:
   output there (`write_rows`), where the k and v write was a kernel of its own. k stays as projected (unrotated);
   attention rotates it where the logits read it (`key_rope`). The q columns of past positions are dead weight."""
   def __init__(self, batch: int, kv_heads: int, max_ctx: int, head_dim: int, v_head_dim: int|None = None,
-               dtype: DTypeLike = dtypes.float32, device: str|None = None, q_width: int|None = None):
-    v_head_dim, L = v_head_dim or head_dim, cache_positions(max_ctx)
+               dtype: DTypeLike = dtypes.float32, device: str|None = None, q_width: int|None = None, per_part: int = 1):
+    v_head_dim, L = v_head_dim or head_dim, cache_positions(max_ctx, per_part)
     self.kv_heads, self.head_dim, self.v_head_dim, self.q_width = kv_heads, head_dim, v_head_dim, q_width
     self.rows = None if q_width is None else \
       Tensor.zeros(batch, L, q_width + kv_heads * (head_dim + v_head_dim), dtype=dtype, device=device).realize()
@@ -120,14 +121,18 @@ def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
   if variant not in VARIANTS: raise ValueError(f"unknown attention variant {variant!r} (choose from {', '.join(VARIANTS)})")
   return B, Hq, T, D, Hkv, L
 
-def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | None = None) -> tuple[sint, sint]:
+def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | None = None, per_part: int = 1) -> tuple[sint, sint]:
   """The chunks of a cache of L positions attention reads, as (first, count): those that hold valid positions (chunked),
   or all (whole). With a window, chunked reads a fixed count, as many as the window reaches: rows start_pos.. see keys
   from start_pos - window + 1 on, in at most (window + T - 2) // CHUNK + 2 chunks up to the newest; the first moves with
-  the position once the newest chunk is past that count (before, chunks past the newest are read and masked)."""
+  the position once the newest chunk is past that count (before, chunks past the newest are read and masked). Chunked
+  without a window reads a multiple of `per_part` chunks (split attention's parts), rounded up past the newest."""
   n = (start_pos + T + CHUNK - 1) // CHUNK
   if variant == "whole" or (window is not None and (window + T - 2) // CHUNK + 2 >= L // CHUNK): return 0, L // CHUNK
-  if window is None: return 0, n
+  if window is None:
+    per_part = max(per_part, 1)
+    if (L // CHUNK) % per_part: raise ValueError(f"a cache of {L // CHUNK} chunks is not parts of {per_part} (allocate it by cache_positions)")
+    return 0, (n + per_part - 1) // per_part * per_part
   reach = (window + T - 2) // CHUNK + 2
   return smax(0, n - reach), reach
 
@@ -203,31 +208,38 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
 # threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
 SUM_ONES = 16
 
-def chunk_sums(e: Tensor, values: Tensor) -> Tensor:
-  """Each chunk's sum(e * v) beside its sum(e): e [..., n, CHUNK] and the values [..., n, CHUNK, Dv] -> [..., n, Dv + SUM_ONES],
-  the denominator in each of the last columns; a half cache meets e rounded to half, the denominator float32 (as
-  half_cache_values)."""
-  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values, SUM_ONES)).sum(-2)
-  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum(-2, dtype=dtypes.float32)
+def part_sums(e: Tensor, values: Tensor) -> Tensor:
+  """Each part's sum(e * v) beside its sum(e): e [..., parts, m, CHUNK] and the values [..., parts, m, CHUNK, Dv] ->
+  [..., parts, Dv + SUM_ONES], the denominator in each of the last columns; a half cache meets e rounded to half, the
+  denominator float32 (as half_cache_values)."""
+  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values, SUM_ONES)).sum((-3, -2))
+  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum((-3, -2), dtype=dtypes.float32)
   return ev.pad(((0, 0),) * (ev.ndim - 1) + ((0, SUM_ONES),)) + \
-    e.sum(-1, keepdim=True).expand(*ev.shape[:-1], SUM_ONES).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+    e.sum((-2, -1)).unsqueeze(-1).expand(*ev.shape[:-1], SUM_ONES).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+
+def split_parts(split: int, T: int, window: int | None) -> int:
+  """Chunks a part of split attention holds: `split` for a decode step (one query row) without a window (a window's read
+  is short and bounded: one sum), else 0 (not split)."""
+  return split if T == 1 and window is None else 0
 
 def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                         most: int | None = None) -> Tensor:
-  """softmax_values for one query row split over the chunks read (flash-decoding): each chunk's value sum and denominator
-  (chunk_sums) by one kernel whose workgroups cover every head and chunk, then their sum over the chunks by a second, so
-  that a long context's positions are spread over the whole device where one sum over them ran in few workgroups.
-  With a fixed `peak` (softmax self) the chunks' sums add as they are; with None each chunk is stabilized by its own max
-  and rescaled to the largest when they are added (no kernel for a max over every position). The second kernel reads a
-  symbolic count of chunks' sums padded to `most` (the cache's), so that it sums a static axis, which a GPU spreads over
-  threads (over a symbolic one each thread walked every chunk); the padding is no memory read."""
+                         per_part: int = 1, most: int | None = None) -> Tensor:
+  """softmax_values for one query row split into parts of `per_part` chunks (flash-decoding; the count of chunks read a
+  multiple of it): each part's value sum and denominator (part_sums) by one kernel whose workgroups cover every head and
+  part, then their sum over the parts by a second, so that a long context's positions are spread over the whole device
+  where one sum over them ran in few workgroups. With a fixed `peak` (softmax self) the parts' sums add as they are; with
+  None each part is stabilized by its own max and rescaled to the largest when they are added (no kernel for a max over
+  every position). The second kernel reads a symbolic count of parts' sums padded to `most` as a view (no memory read),
+  so that it sums a static axis, which a GPU spreads over threads (over a symbolic one each thread walked every part)."""
   Dv, n = values.shape[-1], logits.shape[-2]
+  logits = logits.reshape(*logits.shape[:-2], n // per_part, per_part, CHUNK)
+  values = values.reshape(*values.shape[:-3], n // per_part, per_part, CHUNK, Dv)
   def grown(t: Tensor, value: float) -> Tensor:
-    return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n), (0, 0)), value=value)
+    return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n // per_part), (0, 0)), value=value)
   if peak is None:
-    local = logits.max(-1, keepdim=True)
-    local = (local == float("-inf")).where(0.0, local)   # a chunk every position of which is masked (outside a window)
-  parts = grown(chunk_sums((logits - (local if peak is None else peak)).exp(), values).contiguous()[..., :Dv + 1], 0.0)
+    local = logits.max((-2, -1))
+    local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (outside a window)
+  parts = grown(part_sums((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), values).contiguous()[..., :Dv + 1], 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
@@ -237,17 +249,17 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
   return total[..., :-1] / total[..., -1:]
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
-              softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
+              softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
   """softmax(q.k * scale) v over the keys each query sees: q rotated (and normalized) already, the cache's keys too;
   several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values), one row
-  (a decode step) with `split` its value sums split over the chunks (split_softmax_values)."""
+  (a decode step) without a window, with `split`, its value sums split into parts of that many chunks (split_parts)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
-  span = chunks_read(L, start_pos, T, variant, window)
+  span = chunks_read(L, start_pos, T, variant, window, split_parts(split, T, window))
   return attend_chunks(q, _chunks(k, span), _chunks(v, span), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
                        chunk_dtype=chunk_dtype, split=split, first=span[0])
 
 def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
-                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, split: bool = False,
+                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, split: int = 0,
                   first: sint = 0) -> Tensor:
   """`attention` over the chunks it reads of a cache of L positions, from chunk `first` on: keys [B, Hkv, 1, 1, n, CHUNK, D]
   and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]."""
@@ -260,7 +272,7 @@ def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: si
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, (first, keys.shape[-3]), start_pos, window), _sinks(sinks, Hkv, G)
-  if split and T == 1: out = split_softmax_values(logits, None, values, sink, most=L // CHUNK)
+  if per_part := split_parts(split, T, window): out = split_softmax_values(logits, None, values, sink, per_part=per_part, most=L // CHUNK // per_part)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
@@ -333,17 +345,17 @@ def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> T
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
                     key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
-                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
+                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
-  `softmax` says, a decode step's value sums split over the chunks with `split`. Several query rows (a prompt chunk)
+  `softmax` says, a decode step's value sums split into parts of `split` chunks (split_parts). Several query rows (a prompt chunk)
   take `_chunk_attention`."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
   # a sink's logit is met at the query's own logit (not linear in q with a norm on q or the keys)
   by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
-  reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window), q_rope)
+  reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window, per_part := split_parts(split, T, window)), q_rope)
   key_tables = None if key_rope is None else reads.at_keys(key_rope)
   if T > 1: return _chunk_attention(reads, v, L, key_tables, scale=scale, window=window, sinks=sinks, softcap=softcap, q_norm=q_norm,
                                     k_norm=k_norm, chunk_dtype=chunk_dtype)
@@ -366,7 +378,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, span, start_pos, window), _sinks(sinks, Hkv, reads.G)
   sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
-  if split: out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak, L // CHUNK)
+  if per_part:
+    out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak, per_part, L // CHUNK // per_part)
   elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

@@ -24,16 +24,17 @@ from ops.attention import CHUNK, attend_chunks, attention, cache_positions, chun
 PREFILL_FORMS = ("auto", "absorbed", "expanded")   # a prompt chunk's form: the cheaper one, or this one
 
 class LatentCache:
-  """rows [B, L, r + d_rope] with L = cache_positions(max_ctx), zero-initialised on the device."""
-  def __init__(self, batch: int, max_ctx: int, rank: int, rope_dim: int, dtype: DTypeLike = dtypes.float32, device: str|None = None):
-    self.rows = Tensor.zeros(batch, cache_positions(max_ctx), rank + rope_dim, dtype=dtype, device=device).realize()
+  """rows [B, L, r + d_rope] with L = cache_positions(max_ctx, per_part), zero-initialised on the device."""
+  def __init__(self, batch: int, max_ctx: int, rank: int, rope_dim: int, dtype: DTypeLike = dtypes.float32, device: str|None = None,
+               per_part: int = 1):
+    self.rows = Tensor.zeros(batch, cache_positions(max_ctx, per_part), rank + rope_dim, dtype=dtype, device=device).realize()
 
   def update(self, c: Tensor, k_pe: Tensor, start_pos: sint) -> Tensor:
     """Write c [B, T, r] and k_pe [B, T, d_rope] at start_pos; return the cache rows [B, L, r + d_rope]."""
     return write_positions(self.rows, c.cat(k_pe.cast(c.dtype), dim=-1), start_pos)
 
 def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float, variant: str = "chunked",
-                  chunk_dtype: DTypeLike = dtypes.float32, split: bool = False) -> Tensor:
+                  chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
   """q_lat [B, H, T, r] (q_nope @ Wk[h]), q_pe [B, H, T, d_rope], rows [B, L, r + d_rope] from LatentCache
   -> the latent output [B, H, T, r] (softmax @ c), which Wv[h] expands to the heads' values."""
   kv = rows.unsqueeze(1)

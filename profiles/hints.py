@@ -103,9 +103,10 @@ HINTS: dict[str, Hint] = {
   "kv_layout": _choice("heads", KV_LAYOUTS, "the KV cache per kv head, written by a kernel of its own (heads), or one row per "
                        "position holding its q, k and v projections as their joined matmul writes them (rows: one kernel fewer a "
                        "block, k rotated where read; where q, k and v are one matmul into a float32 cache, else heads)"),
-  "split_kv": Hint(False, _bool, "a decode step's attention value sums split over the cache's chunks of 64 positions "
-                   "(flash-decoding): a kernel whose workgroups cover every head and chunk, then one adding the chunks up (one kernel "
-                   "more a block, two under softmax max; spreads a long context over the whole GPU)"),
+  "split_kv": Hint(0, _count, "a decode step's attention value sums split into parts of N chunks of 64 positions "
+                   "(flash-decoding; layers without a window): a kernel whose workgroups cover every head and part, then one adding "
+                   "the parts up (one kernel more a block, two under softmax max; spreads a long context over the whole GPU; the "
+                   "cache is allocated and read in whole parts; 0: one sum)", metavar="N"),
   "kv_cache": _choice("float", ("float", "half"), "the KV cache's type: float32, or fp16 (half the bytes attention reads, as "
                       "llama.cpp's default cache; q is rounded to half against it); ggml rounding makes it fp16 whatever this says"),
   "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "

@@ -71,17 +71,20 @@ def test_decodes_in_eight_kernels_a_block_or_fewer(tmp_path, preset, quant, norm
 @pytest.mark.parametrize("softmax", ["max", "self"])
 @pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gemma3-270m-tiny", "gpt-oss-20b-tiny", "deepseek-v2-lite-tiny"])
 def test_split_kv_decodes_the_same_tokens(tmp_path, preset, softmax):
-  """`split_kv`: decode steps past two chunk boundaries (Gemma's and GPT-OSS's windowed layers then read from their second
-  chunk on), with a GQA cache, sinks and latent attention, give the logits and greedy tokens of the one sum; each block
-  costs one kernel more (adding the chunks up), two under softmax max (and the largest of the chunks' maxes); latent
+  """`split_kv=2`: decode steps past two chunk boundaries (parts of two chunks; Gemma's and GPT-OSS's windowed layers then
+  read from their second chunk on, in one sum), with a GQA cache, sinks and latent attention, give the logits and greedy
+  tokens of the one sum; each block without a window costs one kernel more (adding the parts up), two under softmax max
+  (and the largest of the parts' maxes; both of the tiny Gemma's blocks slide a window, one of GPT-OSS's two); latent
   attention always takes the max."""
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0" if preset != "gpt-oss-20b-tiny" else None)
   outs = {}
-  for split in (False, True):
+  for split in (0, 2):
     rt = Runtime(path, resolve({"split_kv": split, "softmax": softmax}), 160)
     logits = rt.prefill(list(range(5, 130)))
     outs[split] = (logits.numpy(), list(rt.continue_from(logits, 125, 8, Sampler(SamplerParams(temperature=0)))), rt.kernels_per_token())
-  np.testing.assert_allclose(outs[True][0], outs[False][0], rtol=1e-5, atol=1e-5 * np.abs(outs[False][0]).max())
-  assert outs[True][1] == outs[False][1]
+  np.testing.assert_allclose(outs[2][0], outs[0][0], rtol=1e-5, atol=1e-5 * np.abs(outs[0][0]).max())
+  assert outs[2][1] == outs[0][1]
+  unwindowed = sum(getattr(getattr(b.attn, "spec", None), "window", None) is None for b in rt.model.blocks)
+  assert unwindowed == {"gemma3-270m-tiny": 0, "gpt-oss-20b-tiny": 1}.get(preset, rt.cfg.n_layers)
   more = 2 if softmax == "max" or preset.startswith("deepseek") else 1
-  assert outs[True][2] == outs[False][2] + more * rt.cfg.n_layers, (outs[True][2], outs[False][2])
+  assert outs[2][2] == outs[0][2] + more * unwindowed, (outs[2][2], outs[0][2])

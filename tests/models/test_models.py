@@ -10,7 +10,7 @@ from models.runtime import Runtime
 from profiles.hints import resolve
 from tests.models.numpy_reference import forward
 
-@pytest.mark.parametrize("hints", [{}, {"split_kv": True, "kv_cache": "half"}], ids=["", "split-half-cache"])
+@pytest.mark.parametrize("hints", [{}, {"split_kv": 2, "kv_cache": "half"}], ids=["", "split-half-cache"])
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen3-0.6b-tiny"])
 def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.Generator):
   rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16, **hints}), max_context=64)

@@ -281,9 +281,9 @@ def test_the_plain_path_over_a_half_cache(seed, rng):
 @pytest.mark.parametrize("features", [{}, {"window": 70}, {"sinks": True}, {"softcap": 2.0}, {"window": 3, "sinks": True}],
                          ids=["gqa-causal", "window-past-a-chunk", "sinks", "softcap", "window-sinks"])
 def test_split_over_chunks_equals_one_sum(seed, rng, features, half_cache):
-  """`split`: a decode step's value sums per chunk, each stabilized by its own max, rescaled and added by a second kernel,
-  are the float64 attention at positions in the first, second and third chunk; with a window that leaves whole chunks
-  unseen too; over a half cache, the same as the one sum over it."""
+  """`split=1`: a decode step's value sums per chunk, each stabilized by its own max, rescaled and added by a second
+  kernel, are the float64 attention at positions in the first, second and third chunk; over a half cache, the same as the
+  one sum over it. A window's layer keeps the one sum."""
   sinks = rng.normal(size=HQ).astype(np.float32) * 2 if features.get("sinks") else None
   kw = {"window": features.get("window"), "softcap": features.get("softcap")}
   for start_pos in (0, CHUNK + 5, 2 * CHUNK + 40):
@@ -291,41 +291,43 @@ def test_split_over_chunks_equals_one_sum(seed, rng, features, half_cache):
     ks, vs = in_cache(rng, k, 3), in_cache(rng, v, 3)
     if half_cache: ks, vs = ks.cast(dtypes.float16).realize(), vs.cast(dtypes.float16).realize()
     run = lambda split: attention(Tensor(q), ks, vs, start_pos, scale=D ** -0.5, sinks=None if sinks is None else Tensor(sinks), split=split, **kw)
-    got = run(True).numpy()
+    got = run(1).numpy()
     assert np.isfinite(got).all(), f"{start_pos=} seed={seed}"
-    if half_cache: np.testing.assert_allclose(got, run(False).numpy(), rtol=2e-3, atol=2e-3, err_msg=f"{start_pos=} seed={seed}")
+    if half_cache: np.testing.assert_allclose(got, run(0).numpy(), rtol=2e-3, atol=2e-3, err_msg=f"{start_pos=} seed={seed}")
     else: np.testing.assert_allclose(got, ref_attention(q, k, v, start_pos, D ** -0.5, sinks=sinks, **kw), rtol=1e-4, atol=1e-5,
                                      err_msg=f"{start_pos=} seed={seed}")
 
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("softmax", ["max", "self"])
 def test_fused_split_in_a_jit_over_chunk_boundaries(seed, rng, softmax, sinks):
-  """The fused path split over chunks, captured with a symbolic position and replayed past two chunk boundaries, equals
-  the float64 attention of the rotated q and keys at each step; split costs the second kernel that adds the chunks up,
-  and under softmax max a per-chunk max in place of the max over every position, and a kernel for the largest of the
-  chunks' maxes that the second one rescales them to."""
+  """The fused path split into parts of 2 chunks, captured with a symbolic position and replayed past two chunk
+  boundaries (one part, then two, the chunks past the newest read and masked), equals the float64 attention of the
+  rotated q and keys at each step; split costs the second kernel that adds the parts up, and under softmax max a
+  per-part max in place of the max over every position, and a kernel for the largest of the parts' maxes that the second
+  one rescales them to. A cache not in whole parts is an error."""
   S = 2 * CHUNK + 3
   q, k, v = (a[:1] for a in qkv(rng, S, S))
   sink = rng.normal(size=HQ).astype(np.float32) if sinks else None
   cos, sin = rope_tables(D, 10000.0, 3 * CHUNK)
   k_rot = apply_rope(Tensor(k), cos[:S], sin[:S], False).numpy()
-  ks, vs = in_cache(rng, k_rot, 3).realize(), in_cache(rng, v, 3).realize()
+  ks, vs = in_cache(rng, k_rot, 4).realize(), in_cache(rng, v, 4).realize()
   tsink = None if sink is None else Tensor(sink).realize()
   counts = {}
-  for split in (False, True):
+  for split in (0, 2):
     def step(qt: Tensor, pos) -> Tensor:
       return fused_attention(qt, ks, vs, pos, scale=D ** -0.5, q_rope=(cos[pos:pos + 1], sin[pos:pos + 1], False), softmax=softmax,
                              sinks=tsink, split=split).realize()
     jit = TinyJit(step)
     for p in (CHUNK - 2, CHUNK - 1, CHUNK, 2 * CHUNK - 1, 2 * CHUNK + 2):
-      got = jit(Tensor(q[:, :, p:p + 1]).realize(), UOp.variable("pos", 0, 3 * CHUNK - 1).bind(p)).numpy()
+      got = jit(Tensor(q[:, :, p:p + 1]).realize(), UOp.variable("pos", 0, 4 * CHUNK - 1).bind(p)).numpy()
       q_rot = apply_rope(Tensor(q[:, :, p:p + 1]), cos[p:p + 1], sin[p:p + 1], False).numpy()
       want = ref_attention(q_rot, k_rot[:, :, :p + 1], v[:, :, :p + 1], p, D ** -0.5, sinks=sink)
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{split=} {p=} seed={seed}")
     counts[split] = len(jit.captured.linear.src)
-  assert counts[True] == counts[False] + (1 if softmax == "self" else 2), counts
+  assert counts[2] == counts[0] + (1 if softmax == "self" else 2), counts
+  with pytest.raises(ValueError, match="a cache of 4 chunks is not parts of 3"): fused_attention(Tensor(q[:, :, :1]), ks, vs, 5, scale=1.0, split=3)
 
-@pytest.mark.parametrize("split", [False, True], ids=["", "split"])
+@pytest.mark.parametrize("split", [0, 1], ids=["", "split"])
 def test_a_window_reads_only_the_chunks_it_reaches(seed, rng, split):
   """A sliding window's decode step, captured with a symbolic position, reads as many chunks as the window reaches (3 for
   70 positions): the first three, then the newest three, the first moving with the position. At each step it equals the
