@@ -232,8 +232,8 @@ def _pp(records: list[dict], experiment: str | None, model: str | None, notes: l
 
 def _depth(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
   """Decode tok/s against the tokens of context before it, a panel per model and device: a line for each variant of the
-  experiment's latest run (without one: plain bench records, the newest at each depth) and one for each peer, from the
-  peers measured at the same depth in the same runs."""
+  experiment's latest run (without one: plain bench records, a line for each value of the switches that differ between
+  them, the newest at each depth) and one for each peer, from the peers measured at the same depth in the same runs."""
   def measured(r: dict) -> bool:
     m = _metrics(r)
     return _number(m.get("tok_s")) and isinstance(m.get("depth"), int) and (model is None or r.get("model") == model) and \
@@ -243,15 +243,26 @@ def _depth(records: list[dict], experiment: str | None, model: str | None, notes
   if experiment and chosen: chosen = [r for r in chosen if r.get("run") == chosen[-1].get("run")]
   if not chosen: raise ValueError(f"no {f'record of experiment {experiment!r}' if experiment else 'bench record'}"
                                   f"{f' of {model!r}' if model else ''} has decode tok/s at a depth (metrics.depth)")
+  where = lambda r: (str(r.get("model")), short_device(str(r.get("device"))))
+  switches = lambda r: r.get("switches") if isinstance(r.get("switches"), dict) else {}
+  differ: dict[tuple, list[str]] = defaultdict(list)   # the switches whose values differ between a panel's bench records
+  for key in {where(r) for r in chosen}:
+    mine = [switches(r) for r in chosen if where(r) == key]
+    differ[key] = sorted(n for n in {n for sw in mine for n in sw} if len({str(sw.get(n)) for sw in mine}) > 1)
+  def label(r: dict) -> str:
+    if r.get("variant"): return str(r["variant"])
+    return ", ".join(f"{n}={switches(r).get(n)}" for n in differ[where(r)]) or "tinyzoo"
   lines: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
   for r in chosen:
-    depth, panel = _metrics(r)["depth"], lines[(str(r.get("model")), short_device(str(r.get("device"))))]
-    panel[str(r.get("variant") or "tinyzoo")][depth] = _metrics(r)["tok_s"]
+    depth, panel = _metrics(r)["depth"], lines[where(r)]
+    panel[label(r)][depth] = _metrics(r)["tok_s"]
     for peer in _peers(r):
       if peer.get("depth") == depth: panel[f"{short_engine(peer)} (peer)"][depth] = peer["tok_s"]
   keys = sorted(lines)
   fig, axes = _grid(len(keys), 6.0, 4.4)
-  colors = dict(zip(sorted({n for k in keys for n in lines[k] if not n.endswith("(peer)")}), itertools.cycle(CATEGORY_COLORS)))
+  # tinyzoo's lines in the category colours that are no peer's (green and cyan are)
+  colors = dict(zip(sorted({n for k in keys for n in lines[k] if not n.endswith("(peer)")}),
+                    itertools.cycle(c for c in CATEGORY_COLORS if c not in ("#55a868", "#64b5cd"))))
   peers = dict(zip(sorted({n for k in keys for n in lines[k] if n.endswith("(peer)")}), itertools.cycle(PEER_STYLES)))
   for ax, key in zip(axes, keys):
     for name, points in sorted(lines[key].items(), key=lambda kv: (kv[0].endswith("(peer)"), kv[0])):

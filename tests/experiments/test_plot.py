@@ -217,3 +217,19 @@ def test_depth_draws_each_variant_and_the_peer_against_depth(records: list[dict]
   assert series == sorted([([0, 4096, 16384], [1200.0, 500.0, 190.0]), ([0, 4096, 16384], [1150.0, 900.0, 640.0]),
                            ([0, 4096, 16384], [950.0, 860.0, 700.0])])
   assert ax.get_title() == f"decode-depth · llama3.2-1b\n{SHORT}"
+
+def test_depth_lines_of_bench_records_are_the_switches_that_differ(records: list[dict]):
+  """Without an experiment, a panel's bench records at depths make a line for each value of the switches that differ
+  between them (the newest at each depth), beside the peer's."""
+  def at(depth: int, split: int, tok_s: float, hour: int) -> dict:
+    r = rec(f"24T{hour:02d}:00:00", "f00dfeed0001", model="gemma3-270m", tok_s=tok_s)
+    r["switches"] = {"strategy": "packed_words", "split_kv": split}
+    r["metrics"]["depth"] = r["peer"]["depth"] = depth
+    return r
+  bench = [at(0, 0, 1400.0, 1), at(4096, 0, 1100.0, 1), at(0, 8, 1300.0, 2), at(4096, 8, 1250.0, 2), at(4096, 8, 1290.0, 3)]
+  fig = plot.figure(records + bench, "depth", model="gemma3-270m")
+  (ax,) = [a for a in fig.axes if a.get_title()]
+  series = sorted((list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines())
+  assert ([0, 4096], [1400.0, 1100.0]) in series and ([0, 4096], [1300.0, 1290.0]) in series
+  legend = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert {"split_kv=0, strategy=packed_words", "split_kv=8, strategy=packed_words"} <= set(legend)   # the fixture's gemma3 records differ in strategy
