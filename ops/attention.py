@@ -204,7 +204,7 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
   if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
   return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
 
-# the columns of ones beside a chunk's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
+# the columns of ones beside a part's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
 # threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
 SUM_ONES = 16
 
@@ -238,7 +238,7 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
     return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n // per_part), (0, 0)), value=value)
   if peak is None:
     local = logits.max((-2, -1))
-    local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (outside a window)
+    local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (under `whole`)
   parts = grown(part_sums((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), values).contiguous()[..., :Dv + 1], 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
