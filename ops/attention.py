@@ -123,9 +123,9 @@ def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
 
 def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | None = None, per_part: int = 1) -> tuple[sint, sint]:
   """The chunks of a cache of L positions attention reads, as (first, count): those that hold valid positions (chunked),
-  or all (whole). With a window, chunked reads a fixed count, as many as the window reaches: rows start_pos.. see keys
-  from start_pos - window + 1 on, in at most (window + T - 2) // CHUNK + 2 chunks up to the newest; the first moves with
-  the position once the newest chunk is past that count (before, chunks past the newest are read and masked). Chunked
+  or all (whole). With a window, chunked reads at most as many as the window reaches, up to the newest: rows
+  start_pos.. see keys from start_pos - window + 1 on, in at most (window + T - 2) // CHUNK + 2 chunks; the first moves
+  with the position once the newest chunk is past that count. Chunked
   without a window reads a multiple of `per_part` chunks (split attention's parts), rounded up past the newest."""
   n = (start_pos + T + CHUNK - 1) // CHUNK
   if variant == "whole" or (window is not None and (window + T - 2) // CHUNK + 2 >= L // CHUNK): return 0, L // CHUNK
@@ -134,7 +134,7 @@ def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | Non
     if (L // CHUNK) % per_part: raise ValueError(f"a cache of {L // CHUNK} chunks is not parts of {per_part} (allocate it by cache_positions)")
     return 0, (n + per_part - 1) // per_part * per_part
   reach = (window + T - 2) // CHUNK + 2
-  return smax(0, n - reach), reach
+  return smax(0, n - reach), reach - smax(0, reach - n)
 
 def soft_capped(logits: Tensor, cap: float) -> Tensor: return (logits / cap).tanh() * cap
 
