@@ -17,8 +17,7 @@
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
 # A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each;
 # bench and profile decode after 32 tokens of context unless one says +depth=D (bench: D[,D...], llama-bench at the same -d)
-# (check takes --norm, --kv-layout, --act-in-matmul, --softmax, --pdl and --pdl-prefetch alone; gemv --pdl, --pdl-prefetch,
-# --strategies=S and --gpu-sizes=T,B,R).
+# (check takes every hint's flag, e.g. check+split-kv=2; gemv --pdl, --pdl-prefetch, --strategies=S and --gpu-sizes=T,B,R).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into
 # results/journal.jsonl here.
@@ -45,6 +44,10 @@ model() {   # PRESET[:Q] -> the path of its synthetic file, made once (waiting f
   [ -f "$out" ] || synthesize "$1" "$out" || return 1
   echo "$out"
 }
+peer_flags() {   # -> peer: llama-bench's flags where it built, else --no-peer
+  peer=(--no-peer)
+  if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi
+}
 status=0
 for item in "$@"; do
   echo "=== $item ($(date +%T))"
@@ -65,12 +68,10 @@ for item in "$@"; do
     tune:*) IFS=: read -r _ type shapes <<< "$step"
             python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
-    bench:*) file=$(model "${step#bench:}") && llama_bench_ready &&
-             { peer=(--no-peer); if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi; } &&
+    bench:*) file=$(model "${step#bench:}") && llama_bench_ready && peer_flags &&
              python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --depth 32 "${flags[@]}" --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
     exp:*) IFS=: read -r _ name model <<< "$step"
-           file=$(model "$model") && llama_bench_ready &&
-           { peer=(--no-peer); if [ -n "${LLAMA_BENCH:-}" ]; then peer=(--llama-bench "$LLAMA_BENCH"); fi; } &&
+           file=$(model "$model") && llama_bench_ready && peer_flags &&
            python3 -m tinyzoo exp run "$name" --model "$file" "${peer[@]}" || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
                JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf)${switches:+-${switches//[^A-Za-z0-9_.-]/_}}.txt" || status=1 ;;

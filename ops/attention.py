@@ -125,8 +125,8 @@ def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | Non
   """The chunks of a cache of L positions attention reads, as (first, count): those that hold valid positions (chunked),
   or all (whole). With a window, chunked reads at most as many as the window reaches, up to the newest: rows
   start_pos.. see keys from start_pos - window + 1 on, in at most (window + T - 2) // CHUNK + 2 chunks; the first moves
-  with the position once the newest chunk is past that count. Chunked
-  without a window reads a multiple of `per_part` chunks (split attention's parts), rounded up past the newest."""
+  with the position once the newest chunk is past that count. Chunked without a window reads a multiple of `per_part`
+  chunks (split attention's parts), rounded up past the newest."""
   n = (start_pos + T + CHUNK - 1) // CHUNK
   if variant == "whole" or (window is not None and (window + T - 2) // CHUNK + 2 >= L // CHUNK): return 0, L // CHUNK
   if window is None:
@@ -159,12 +159,16 @@ def with_ones(values: Tensor, ones: int = 1) -> Tensor:
   """The values [..., Dv] with columns of ones after them: summed with the softmax weights, each gives their denominator."""
   return values.pad(((0, 0),) * (values.ndim - 1) + ((0, ones),), value=1.0)
 
+def over_denominator(ev: Tensor, sink_term: Tensor | None) -> Tensor:
+  """Value sums [..., Dv] with the denominator as their last column [..., Dv + 1] -> their quotient, a sink's term added
+  to the denominator first."""
+  if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1] - 1, 0),))
+  return ev[..., :-1] / ev[..., -1:]
+
 def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
   """sum(e * v) / sum(e) over positions, for a float32 cache: the denominator as one more output column of the value
   sum (v with a column of ones), one kernel, not two; a sink's term is added to that column in the same kernel."""
-  ev = (e.unsqueeze(-1) * with_ones(values)).sum(axis=(-3, -2))
-  if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((values.shape[-1], 0),))
-  return ev[..., :-1] / ev[..., -1:]
+  return over_denominator((e.unsqueeze(-1) * with_ones(values)).sum(axis=(-3, -2)), sink_term)
 
 def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
   """sum(e * v) / sum(e) over positions, for a half cache: e rounded to half against it, as llama.cpp does, while the
@@ -244,9 +248,7 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
     parts, sink_peak = parts * (local - top).exp(), top
-  total = parts.sum(-2)
-  if sink is not None: total = total + (sink - sink_peak).squeeze(-1).exp().pad(((0, 0),) * (total.ndim - 1) + ((Dv, 0),))
-  return total[..., :-1] / total[..., -1:]
+  return over_denominator(parts.sum(-2), None if sink is None else (sink - sink_peak).squeeze(-1).exp())
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
               softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
@@ -254,15 +256,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   several query rows take their logits and value sums by GEMMs in `chunk_dtype` (gemm_logits, gemm_values), one row
   (a decode step) without a window, with `split`, its value sums split into parts of that many chunks (split_parts)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
-  span = chunks_read(L, start_pos, T, variant, window, split_parts(split, T, window))
+  span = chunks_read(L, start_pos, T, variant, window, per_part := split_parts(split, T, window))
   return attend_chunks(q, _chunks(k, span), _chunks(v, span), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
-                       chunk_dtype=chunk_dtype, split=split, first=span[0])
+                       chunk_dtype=chunk_dtype, per_part=per_part, first=span[0])
 
 def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
-                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, split: int = 0,
+                  sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, per_part: int = 0,
                   first: sint = 0) -> Tensor:
   """`attention` over the chunks it reads of a cache of L positions, from chunk `first` on: keys [B, Hkv, 1, 1, n, CHUNK, D]
-  and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]."""
+  and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]; with `per_part` (split_parts) the
+  value sums split into parts of that many chunks."""
   (B, Hq, T, D), Hkv = q.shape, keys.shape[1]
   G = Hq // Hkv
   shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
@@ -272,7 +275,7 @@ def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: si
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, (first, keys.shape[-3]), start_pos, window), _sinks(sinks, Hkv, G)
-  if per_part := split_parts(split, T, window): out = split_softmax_values(logits, None, values, sink, per_part=per_part, most=L // CHUNK // per_part)
+  if per_part: out = split_softmax_values(logits, None, values, sink, None, per_part, L // CHUNK // per_part)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
