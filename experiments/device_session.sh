@@ -8,7 +8,7 @@
 #   floor:TYPE:RxC      the fastest read of such a weight's bytes by one CUDA C kernel, and a hand-written CUDA C Q4_0 matvec
 #                       of that shape (experiments/read_floor.py), journaled
 #   tune:TYPE:RxC,...   GPU matvec sizes searched per shape (SIZES, default 16 sizes with spans), the best saved to this
-#                       device's profile (copied to $OUT), which later steps use
+#                       device's profile (copied to $OUT), which later steps use; +experts=N,K etc. as for gemv
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
 #   exp:NAME:PRESET[:Q] the named experiment (experiments/defs/NAME.yaml) on that model, llama-bench beside its baseline
@@ -17,7 +17,8 @@
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
 # A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each;
 # bench and profile decode after 32 tokens of context unless one says +depth=D (bench: D[,D...], llama-bench at the same -d)
-# (check takes every hint's flag, e.g. check+split-kv=2; gemv --pdl, --pdl-prefetch, --strategies=S and --gpu-sizes=T,B,R).
+# (check takes every hint's flag, e.g. check+split-kv=2; gemv --pdl, --pdl-prefetch, --strategies=S, --gpu-sizes=T,B,R,
+# --experts=N,K, --mixed and --act, e.g. gemv:Q4_0:28672x4096+experts=8,2+act).
 # STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into
 # results/journal.jsonl here.
@@ -66,7 +67,7 @@ for item in "$@"; do
     floor:*) IFS=: read -r _ type shape <<< "$step"
              python3 -m experiments.read_floor --type "$type" --shape "$shape" || status=1 ;;
     tune:*) IFS=: read -r _ type shapes <<< "$step"
-            python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 \
+            python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 "${flags[@]}" \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready && peer_flags &&
              python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --depth 32 "${flags[@]}" --tokens "$TOKENS" "${peer[@]}" || status=1 ;;

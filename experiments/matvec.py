@@ -11,12 +11,13 @@ from experiments.bench import copy_bandwidth
 from quant.gguf_file import GGUFFile
 from quant.activations import round_activations
 from quant.int8_dot import Int8Rows
-from quant.linear import STRATEGIES, QuantLinear
+from quant.linear import STRATEGIES, QuantExperts, QuantLinear
 from quant.formats import FORMATS
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from quant.matvec_opts import Sizes, kernel_settings
 from experiments.steady import steady_state
+from ops.activations import swiglu
 from ops import patches
 
 def bench_model(path: os.PathLike, strategies: str, iters: int, batch: int, row_upcast: int) -> None:
@@ -50,14 +51,20 @@ GEMV_TOLERANCE = 1e-3
 # host-bound at times). At most MAX_COPIES weights, each a kernel to schedule: weights under about 100 KB then stay in L2
 CACHE_BEATING_BYTES = 1 << 30
 MAX_COPIES = 512
+# an expert gemv's weights hold every expert of which it reads a few: at most this many bytes of them in all (made on the
+# host, then copied to the device)
+EXPERT_BYTES_LIMIT = 2 << 30
 COPY_GRAIN = 1 << 14
 # threads per row, rows per workgroup, rows per thread, span (words a thread reads; 0: a whole block): workgroups of 32
 # to 128 threads
 SIZE_GRID = [(t, b, r, s) for t in (16, 32, 64, 128) for b in (1, 2, 4) for r in (2, 4, 8) for s in (1, 2, 0) if 32 <= t * b <= 128]
 
-def default_copies(t: GGMLQuantizationType, rows: int, cols: int) -> int:
+def default_copies(t: GGMLQuantizationType, rows: int, cols: int, experts: tuple[int, int] | None = None) -> int:
+  """Weights enough for CACHE_BEATING_BYTES of reads, at most MAX_COPIES; of experts (N, K: K of N read), at most
+  EXPERT_BYTES_LIMIT of them in all."""
   weight_bytes = math.prod(gguf_quants.quant_shape_to_byte_shape((rows, cols), t))
-  return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / weight_bytes)))
+  n, k = experts or (1, 1)
+  return min(MAX_COPIES, max(2, math.ceil(CACHE_BEATING_BYTES / (k * weight_bytes))), max(2, EXPERT_BYTES_LIMIT // (n * weight_bytes)))
 
 def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
   """GB/s (read plus written) and us per copy of `copies` device copies of about nbytes each, back to back in one replay
@@ -73,7 +80,8 @@ def copies_at_size(nbytes: int, copies: int, iters: int) -> tuple[float, float]:
 
 def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed_dot", copies: int | None = None, iters: int = 50,
                    sweep: list[Sizes | None] | None = None, pdl: bool = False, prefetch: bool = False, row_upcast: int = 8,
-                   tuned: dict[str, Sizes] | None = None) -> list[dict]:
+                   tuned: dict[str, Sizes] | None = None, experts: tuple[int, int] | None = None, mixed: bool = False,
+                   act: bool = False) -> list[dict]:
   """One matvec over `copies` random weights of [rows, cols] in turn (by default enough to outgrow the caches, so the
   replays read memory), in JIT steady state with replays back to back, against a device copy measured in the same run
   (a large one, and one a weight's size per kernel as many times):
@@ -82,35 +90,63 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   matvecs chained by programmatic dependent launch (ops/cuda_graph.py), with `prefetch` each asking the L2 for its
   weight before it waits. Under int8_dot, x is quantized
   once a replay for all the weights (a kernel of its own, as a model's matmuls reading one x share it) and the output is
-  checked against x rounded as ggml rounds it."""
+  checked against x rounded as ggml rounds it.
+
+  With `experts` (N, K) each weight is N experts of [rows, cols] and a MoE's expert matmul (QuantExperts) reads K of them,
+  drawn at random per weight: one x for all K ([K, rows] out: gate and up), or with `mixed` an x per expert and their
+  outputs summed with random weights ([rows] out: down); the bytes counted are the K experts'. With `act` the rows are
+  joined gate and up halves and the kernel computes SwiGLU of each pair of rows, as a model's act_in_matmul does."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
+  if experts is not None and not 1 <= experts[1] <= experts[0]: raise ValueError(f"experts N,K need 1 <= K <= N, got {experts}")
+  if mixed and experts is None: raise ValueError("a mixed gemv sums experts: give experts N,K")
+  if act and (mixed or rows % 2): raise ValueError("an activation's gemv reads joined gate and up rows (an even number), not mixed experts")
   patches.install()
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
-  copies = copies or default_copies(t, rows, cols)
-  raws = [random_blocks(t, (rows, cols), rng) for _ in range(copies)]
-  lins = [QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), strategy=strategy) for raw in raws]
-  x_np = rng.standard_normal((1, cols), dtype=np.float32)
+  n, k = experts or (1, 1)
+  copies = copies or default_copies(t, rows, cols, experts)
+  shape = (n, rows, cols) if experts else (rows, cols)
+  raws = [random_blocks(t, shape, rng) for _ in range(copies)]
+  kind = QuantExperts if experts else QuantLinear
+  lins = [kind(QTensor.from_bytes(raw, t, shape), strategy=strategy) for raw in raws]
+  x_np = rng.standard_normal((k if mixed else 1, cols), dtype=np.float32)
   x = Tensor(x_np).realize()
-  int8 = lins[0].int8
+  int8 = lins[0].int8 and not experts   # expert matmuls read x as it is
   x_seen = round_activations(x, t, "ggml").numpy() if int8 else x_np
-  want = gguf_quants.dequantize(raws[0], t).astype(np.float64) @ x_seen[0].astype(np.float64)
+  chosen = [rng.choice(n, k, replace=False) for _ in lins] if experts else [np.zeros(1, dtype=np.int64)] * copies
+  sels = [Tensor(c.astype(np.int32)).realize() for c in chosen] if experts else [None] * copies
+  mix_np = rng.random(k, dtype=np.float32)
+  mix = Tensor(mix_np).realize()
+
+  def matvec(lin, v: Tensor, sel: Tensor | None) -> Tensor:
+    if mixed: return lin.mixed(v.unsqueeze(0), sel.unsqueeze(0), mix.unsqueeze(0))[0]
+    y = lin(v)[0] if sel is None else lin(v.unsqueeze(0), sel.unsqueeze(0))[0]   # [rows] or [K, rows]
+    return swiglu.of_pairs(y.unflatten(-1, (2, -1))) if act else y
+  # the first weight's chosen experts [K, rows, cols] against x (one row per expert where mixed, else one for all)
+  w0 = gguf_quants.dequantize(raws[0].reshape(n, rows, -1)[chosen[0]], t).astype(np.float64)
+  want = np.einsum("kor,kr->ko", w0, np.broadcast_to(x_seen.astype(np.float64), (k, cols)))
+  if act:
+    gate, up = np.split(want, 2, axis=-1)
+    want = gate * (0.5 + 0.5 * np.tanh(gate / 2)) * up   # silu(gate) * up
+  want = mix_np.astype(np.float64) @ want if mixed else want if experts else want[0]
 
   def step(v: Tensor) -> Tensor:
-    if not int8: return [lin(v).realize() for lin in lins][-1]
+    if not int8: return [matvec(lin, v, sel).realize() for lin, sel in zip(lins, sels)][-1]
     xq = Int8Rows.quantize(v)
     xq.blocks.realize()
-    return [lin(xq).realize() for lin in lins][-1]
-  read, copy, records = sum(t.nbytes() for lin in lins for t in lin.device_tensors), copy_bandwidth(), []
+    return [lin(xq)[0].realize() for lin in lins][-1]
+  read = sum(t.nbytes() for lin in lins for t in lin.device_tensors) * k // n
+  name = f"gemv {ggml_type} {rows}x{cols}" + (f" experts {k} of {n}{' mixed' if mixed else ''}" if experts else "") + " swiglu" * act
+  copy, records = copy_bandwidth(), []
   copy_at_size, copy_at_size_us = copies_at_size(read // copies, copies, iters)
   for sizes in sweep or [None]:
     with (kernels := kernel_settings(row_upcast, tuned, sizes, pdl, prefetch)):   # one kernel per weight, as in a model
       m = steady_state(step, x, iters=iters)
-      err = float(np.abs(lins[0](x).numpy()[0] - want).max() / np.abs(want).max())
+      err = float(np.abs(matvec(lins[0], x, sels[0]).numpy() - want).max() / np.abs(want).max())
     compiled_shapes = kernels.heuristic.compiled_shapes if kernels.heuristic is not None else []
     gb_s = read / m.pipelined_ms / 1e6   # device time: the host's time per synchronized call would swamp small weights
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {}),
                 **({"pdl_prefetch": True} if pdl and prefetch else {})}
-    records.append({**journal.context(), "model": f"gemv {ggml_type} {rows}x{cols}", "kind": "gemv", "switches": switches,
+    records.append({**journal.context(), "model": name, "kind": "gemv", "switches": switches,
                     "kernel_shape": compiled_shapes[0] if compiled_shapes else None,
                     "metrics": {"rel_err": float(f"{err:.2e}"), "correct": err <= GEMV_TOLERANCE, "copies": copies,
                                 "kernels": m.kernels, "ms": round(m.pipelined_ms, 4), "synced_ms": round(m.median_ms, 4), "bytes": read,

@@ -62,6 +62,11 @@ def test_unknown_model_name():
 def test_matvec_bad_strategy(small: Path):
   assert_one_line_error(tinyzoo("matvec", str(small), "--strategies", "packed_dot,warp"), "unknown strategy 'warp'")
 
+def test_matvec_bad_experts():
+  for flags, needle in [(("--experts", "8"), "--experts takes N,K"), (("--experts", "2,3"), "needs 1 <= K <= N, got '2,3'"),
+                        (("--mixed",), "--mixed sums the chosen experts' outputs: give --experts N,K")]:
+    assert_one_line_error(tinyzoo("matvec", "--shape", "64x256", "--no-journal", *flags), needle)
+
 def test_matvec_reports_each_strategy(small: Path):
   r = tinyzoo("matvec", str(small), "--iters", "2")
   assert r.returncode == 0, r.stderr

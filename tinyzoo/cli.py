@@ -21,6 +21,8 @@ def cmd_matvec(args) -> None:
   if args.model is not None: raise ValueError("give a model or --shape, not both")
   shapes = [parse_shape(v) for v in args.shape.split()]
   if args.copies is not None and args.copies < 1: raise ValueError("--copies must be positive")
+  experts = parse_experts(args.experts) if args.experts else None
+  if args.mixed and experts is None: raise ValueError("--mixed sums the chosen experts' outputs: give --experts N,K")
   import time
   from experiments import journal
   from profiles.device import device_name, device_profile, profile_path, save_matvec_sizes, tuned_sizes
@@ -35,7 +37,8 @@ def cmd_matvec(args) -> None:
       # the span (a fourth size) splits packed_words blocks only: other strategies time each (T, B, R) once
       sizes_tried = sweep if strategy == "packed_words" else list(dict.fromkeys(s[:3] if s else s for s in sweep))
       for record, sizes in zip(gemv_bandwidth(args.type, rows, cols, strategy, args.copies, args.iters, sizes_tried,
-                                                   args.pdl or args.pdl_prefetch, args.pdl_prefetch, args.row_upcast, tuned), sizes_tried):
+                                                   args.pdl or args.pdl_prefetch, args.pdl_prefetch, args.row_upcast, tuned,
+                                                   experts, args.mixed, args.act), sizes_tried):
         if not args.no_journal: journal.append(record, args.journal)
         m, shape = record["metrics"], record["kernel_shape"]
         if sizes and shape and m["correct"] and m["gb_s"] > best.get(shape, (None, 0.0))[1]: best[shape] = (sizes, m["gb_s"])
@@ -56,6 +59,12 @@ def parse_shape(spec: str) -> tuple[int, int]:
   except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {spec!r}") from None
   if rows < 1 or cols < 1: raise ValueError(f"--shape sizes must be positive, got {spec!r}")
   return rows, cols
+
+def parse_experts(spec: str) -> tuple[int, int]:
+  try: n, k = (int(v) for v in spec.split(","))
+  except ValueError: raise ValueError(f"--experts takes N,K (K of N experts read), e.g. 8,2, got {spec!r}") from None
+  if not 1 <= k <= n: raise ValueError(f"--experts N,K needs 1 <= K <= N, got {spec!r}")
+  return n, k
 
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
@@ -229,6 +238,12 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--gpu-sizes", metavar="'T,B,R[,S] ...'|grid", help="with --shape on a GPU: sweep these matvec sizes (threads per row, rows per "
                  "workgroup, rows per thread, optionally the span: the words of a packed_words block each thread reads, a whole "
                  "block by default) or a grid of them, one journal record each (default: the device profile's or built-in sizes)")
+  s.add_argument("--experts", metavar="N,K", help="with --shape: each weight is N experts of that shape, of which a MoE's expert "
+                 "matmul reads K drawn at random (one x for all K, as gate and up are read); bytes counted are the K experts'")
+  s.add_argument("--mixed", action="store_true", help="with --experts: an x per chosen expert, their outputs summed with random "
+                 "weights, as a MoE's down experts are read")
+  s.add_argument("--act", action="store_true", help="with --shape: the rows are joined gate and up halves, and the matvec's kernel "
+                 "computes SwiGLU of each pair of rows (the act_in_matmul hint's kernel)")
   s.add_argument("--save-best", action="store_true", help="write the fastest sizes per kernel shape into this device's profile "
                  "(profiles/<device>.yaml), which bench, run and matvec then use")
   add_journal_options(s, "the --shape records")

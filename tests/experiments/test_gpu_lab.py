@@ -79,6 +79,19 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert m["correct"] and m["rel_err"] < 1e-5 and m["copy_at_size_gb_s"] > 0
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
 
+@pytest.mark.parametrize("mixed,act", [(False, False), (False, True), (True, False)], ids=["gate-up", "gate-up-swiglu", "down-mixed"])
+def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixed: bool, act: bool):
+  """An expert gemv reads K of each weight's N experts as a MoE does (QuantExperts, one kernel per weight, the SwiGLU of
+  joined gate and up rows in it) and counts only their bytes; its output, every chosen expert's rows (or their
+  activations, or their weighted sum) against float64 numpy, is right."""
+  (r,) = gemv_bandwidth("Q8_0", 64, 256, "packed_words", copies=3, iters=2, experts=(8, 3), mixed=mixed, act=act)
+  m = r["metrics"]
+  assert r["model"] == "gemv Q8_0 64x256 experts 3 of 8" + " mixed" * mixed + " swiglu" * act and m["kernels"] == 3
+  assert m["bytes"] == 3 * 3 * 64 * (256 // 32) * 34 and m["correct"] and m["rel_err"] < 1e-5
+  with pytest.raises(ValueError, match="1 <= K <= N"): gemv_bandwidth("Q8_0", 64, 256, experts=(2, 3))
+  with pytest.raises(ValueError, match="give experts N,K"): gemv_bandwidth("Q8_0", 64, 256, mixed=True)
+  with pytest.raises(ValueError, match="not mixed experts"): gemv_bandwidth("Q8_0", 64, 256, experts=(8, 2), mixed=True, act=True)
+
 def test_int8_dot_gemv_quantizes_x_once_for_every_weight_and_checks_against_x_rounded():
   """Under int8_dot x is quantized once a replay (two kernels) for all the weights, and the output is checked against
   the matmul of x rounded as ggml rounds it (against exact x its error would be ~1e-2 and flagged)."""
@@ -104,6 +117,8 @@ def test_gemv_reads_a_gigabyte_by_default_so_that_a_replay_outlasts_the_host():
   assert default_copies(GGMLQuantizationType.Q4_0, 8192, 2048) * 8192 * 2048 // 32 * 18 >= 1 << 30
   assert default_copies(GGMLQuantizationType.Q4_0, 64, 256) == MAX_COPIES
   assert default_copies(GGMLQuantizationType.F32, 1 << 16, 1 << 14) == 2
+  # Mixtral's gate and up experts (8 of 28672x4096, 2 read): 2 GiB of experts made, a replay reads a quarter of them
+  assert default_copies(GGMLQuantizationType.Q4_0, 28672, 4096, (8, 2)) == 4
 
 def test_gemv_flags_an_output_that_misses_numpy(monkeypatch):
   import experiments.matvec
