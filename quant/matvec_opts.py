@@ -37,6 +37,10 @@ UNROLL_ELEMENTS = 128
 GPU_MATVEC_THREADS = 1 << 16
 MAX_SHORT_OUTPUTS = 32   # outputs besides the rows: experts used times the halves of joined gate and up rows
 SPAN_ELEMENTS = 16
+# a MoE's gate and up experts with their activation in the kernel (pairs of rows and an axis of experts): the fastest of
+# the sizes swept for Mixtral's and DeepSeek-V2-Lite's Q4_0 experts on an H100 (the journal's gemv records), where the
+# rule for a dense matvec's pairs gave a quarter of a dense matvec's bandwidth
+EXPERT_PAIR_THREADS = 32
 Sizes = tuple[int, ...]   # threads per row, rows per workgroup, rows per thread[, words of a block per thread (span)]
 FORCED_ENV = "TINYZOO_GPU_MATVEC"
 
@@ -320,10 +324,11 @@ def rule_gpu_sizes(k: Scheduler) -> Sizes:
   steps = k.full_shape[blocks] * (k.full_shape[words] if words not in (None, blocks) else 1)
   if any(u.op is Ops.CUSTOMI and u.arg.startswith(dp4a.NAME) for u in k.ast.toposort()): return integer_gpu_sizes(steps)
   # pairs of weight rows (gate and up) index the weights; a folded norm's pair is a dot and x's squares
-  pairs, indices = _pair_products(k), _indices(k)
+  pairs, indices, row = _pair_products(k), _indices(k), matvec_row_axis(k)
   row_pairs = sum(any(pair in idx for idx in indices) for pair in pairs)
-  return builtin_gpu_sizes(k.full_shape[matvec_row_axis(k)], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),
-                           row_pairs, squares=len(pairs) > row_pairs)   # type: ignore[arg-type]
+  experts = any(a != row and k.full_shape[a] > 1 for a in k.axes_of(AxisType.GLOBAL, AxisType.WEAK))
+  return builtin_gpu_sizes(k.full_shape[row], steps, k.full_shape[inside[-1]] if inside else 1, word_elements(k),   # type: ignore[index]
+                           row_pairs, squares=len(pairs) > row_pairs, experts=experts)
 
 def integer_gpu_sizes(steps: int) -> Sizes:
   """An int8_dot matvec (its dp4a a custom op): a row of `steps` blocks over half as many threads (two blocks a thread),
@@ -332,13 +337,17 @@ def integer_gpu_sizes(steps: int) -> Sizes:
   threads = min(128, max(1, steps // 2))
   return threads, max(1, 128 // threads), 1
 
-def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False) -> Sizes:
+def builtin_gpu_sizes(rows: int, steps: int, inner: int, word: int = 0, pairs: int = 0, squares: bool = False, experts: bool = False) -> Sizes:
   """Threads per row, rows per workgroup, rows per thread (and the span, for `word` elements a word; 0 for a flat
   reduce) for `rows` rows of `steps` blocks (words, for packed_words) whose innermost loop is `inner`. A row of a pair
   product of weight rows is two sums: half the rows a thread for each of its `pairs` (a thread of as many rows as a
   plain matvec's spilled its registers). A folded norm's `squares` (of x, shared by a thread's rows) halve them only up
   to 2048 rows, whose kernels need the workgroups; larger ones keep a plain matvec's rows (each faster so in models on a
-  GPU: results/gpu_notes.md)."""
+  GPU: results/gpu_notes.md). The pairs of the `experts` a token uses (gate and up experts with their activation) take
+  EXPERT_PAIR_THREADS threads a row, a word each, 2 rows a thread."""
+  if word and pairs and experts:
+    threads = min(EXPERT_PAIR_THREADS, steps)
+    return threads, max(1, 64 // threads), 2, 1
   if word:
     half = 2 if rows <= 2048 else 1
     span = max(1, SPAN_ELEMENTS // half // word)

@@ -283,6 +283,21 @@ def test_gpu_matvec_of_gate_and_up_pairs(row_upcast, rng: np.random.Generator):
   src = cuda_source(swiglu.of_pairs(lin(x + 1).unflatten(-1, (2, rows))))
   assert src.count("__global__") == 1 and "__shared__" in src and "exp2" in src and "for (" not in src.split("__syncthreads")[0]
 
+def test_gpu_matvec_of_expert_pairs_takes_a_word_a_thread_and_two_rows(row_upcast, rng: np.random.Generator):
+  """A MoE's gate and up experts with their activation in the kernel (act_in_matmul): 32 threads a row, each a word of
+  a block (4 lanes a block, 8 blocks), 2 rows a workgroup and 2 pairs of rows a thread, for each expert used. The rule
+  for a dense matmul's pairs (64 threads, 2 words each) ran Mixtral's at 564 GB/s on an H100 where these sizes reach
+  1,402 (the journal's gemv records)."""
+  from ops.activations import swiglu
+  from quant.matvec_opts import EXPERT_PAIR_THREADS
+  row_upcast(8)
+  F, D, K = 256, 1024, 2
+  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_0, (8, 2 * F, D), rng), T.Q4_0, (8, 2 * F, D)), strategy="packed_words")
+  x = Tensor(rng.standard_normal((1, 1, 1, D), dtype=np.float32)).realize()
+  sel = Tensor([[[3, 6]]], dtype=dtypes.int32).realize()
+  assert builtin_gpu_sizes(14336, 512, 1, 8, pairs=1, experts=True) == (EXPERT_PAIR_THREADS, 2, 2, 1)
+  assert cuda_launch(swiglu.of_pairs(experts(x, sel).unflatten(-1, (2, F)))) == ((F // 4, K, 1), (4, 8, 2))
+
 def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Generator):
   """Llama-3.2-1B's gate and up pairs at the H100 profile's 32,2,2,2: the span splits the blocks' axis before GROUP,
   and the sum over its other part is no reduce around the GROUP (a check that took it for one fell back to tinygrad's
