@@ -104,6 +104,8 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
   """A record for each of cfg.depths, in order."""
   path = cfg.model_file(path)
   if not cfg.depths or min(cfg.depths) < 0: raise ValueError(f"depths must be whole numbers >= 0, got {list(cfg.depths)}")
+  # the peers first, with the device to themselves: beside this process's copy of Mixtral, llama.cpp could not load its own
+  peers = peers_by_depth(path, cfg)
   patches.install()
   patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
@@ -119,8 +121,8 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
             "prefill_capture_s": round(prefill_capture_s, 2), "load_s": round(load_s, 2)}
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
-  for record, peers in zip(records, peers_by_depth(path, cfg)):
-    if peers: record["peer"], record["peers"] = peers[0], peers
+  for record, at_depth in zip(records, peers):
+    if at_depth: record["peer"], record["peers"] = at_depth[0], at_depth
   return records
 
 def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: int, shared: dict, bandwidth: float) -> dict:
