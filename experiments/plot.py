@@ -245,13 +245,15 @@ def _depth(records: list[dict], experiment: str | None, model: str | None, notes
                                   f"{f' of {model!r}' if model else ''} has decode tok/s at a depth (metrics.depth)")
   where = lambda r: (str(r.get("model")), short_device(str(r.get("device"))))
   switches = lambda r: r.get("switches") if isinstance(r.get("switches"), dict) else {}
-  differ: dict[tuple, list[str]] = defaultdict(list)   # the switches whose values differ between a panel's bench records
+  # the switches whose values differ between a panel's bench records; one that older records lack (added since) or hold
+  # as None is no difference
+  differ: dict[tuple, list[str]] = defaultdict(list)
   for key in {where(r) for r in chosen}:
     mine = [switches(r) for r in chosen if where(r) == key]
-    differ[key] = sorted(n for n in {n for sw in mine for n in sw} if len({str(sw.get(n)) for sw in mine}) > 1)
+    differ[key] = sorted(n for n in {n for sw in mine for n in sw} if len({str(sw[n]) for sw in mine if sw.get(n) is not None}) > 1)
   def label(r: dict) -> str:
     if r.get("variant"): return str(r["variant"])
-    return ", ".join(f"{n}={switches(r).get(n)}" for n in differ[where(r)]) or "tinyzoo"
+    return ", ".join(f"{n}={switches(r)[n]}" for n in differ[where(r)] if switches(r).get(n) is not None) or "tinyzoo"
   lines: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
   for r in chosen:
     depth, panel = _metrics(r)["depth"], lines[where(r)]

@@ -227,9 +227,11 @@ def test_depth_lines_of_bench_records_are_the_switches_that_differ(records: list
     r["metrics"]["depth"] = r["peer"]["depth"] = depth
     return r
   bench = [at(0, 0, 1400.0, 1), at(4096, 0, 1100.0, 1), at(0, 8, 1300.0, 2), at(4096, 8, 1250.0, 2), at(4096, 8, 1290.0, 3)]
+  for r in bench[:2]: r["switches"]["expert_tile"] = 32   # a switch the others lack (older records): no difference
   fig = plot.figure(records + bench, "depth", model="gemma3-270m")
   (ax,) = [a for a in fig.axes if a.get_title()]
   series = sorted((list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines())
   assert ([0, 4096], [1400.0, 1100.0]) in series and ([0, 4096], [1300.0, 1290.0]) in series
   legend = [t.get_text() for t in fig.legends[0].get_texts()]
   assert {"split_kv=0, strategy=packed_words", "split_kv=8, strategy=packed_words"} <= set(legend)   # the fixture's gemma3 records differ in strategy
+  assert not any("expert_tile" in name for name in legend)
