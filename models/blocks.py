@@ -184,7 +184,7 @@ class Transformer:
     for block in self.blocks:
       x = block(x, start_pos)
       # a prompt chunk's blocks scheduled one after another: in one schedule every block's weights dequantized for its
-      # GEMMs (independent of the chunk) come first, all of them alive at once (Mixtral's 84 GB)
+      # GEMMs (independent of the chunk) come first, all of them alive at once
       if x.shape[1] > 1: x = x.realize()
     return x
 
