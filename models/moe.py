@@ -63,12 +63,13 @@ class MoE:
       gate_up = self.gate_up.grouped(groups.rows(x.value() if isinstance(x, NormedInput) else x), groups)
       h = gated_down_input(self.activation, gate_up, False, self.act_break, self.act_in_matmul)
       out = groups.combine(self.down.grouped(h, groups), weights)
-      # the shared experts' output realized apart: added to the combine (a sum over the chosen experts), their down GEMM
-      # would be one kernel with it, off the tensor cores (and the CPU's GEMM tile)
-      return out if self.shared is None else out + self.shared(x).contiguous()
-    # one input row [B, T, 1, dim] shared by the k experts
-    if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)
-    else: gate_up = self.gate_up(x.unsqueeze(-2), sel)
-    h = gated_down_input(self.activation, gate_up, prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul)
-    out = self.down.mixed(h, sel, weights)
-    return out if self.shared is None else out + self.shared(x)
+    else:
+      # one input row [B, T, 1, dim] shared by the k experts
+      if isinstance(x, NormedInput): gate_up = self.gate_up.normed(replace(x, x=x.x.unsqueeze(-2)), sel)
+      else: gate_up = self.gate_up(x.unsqueeze(-2), sel)
+      h = gated_down_input(self.activation, gate_up, prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul)
+      out = self.down.mixed(h, sel, weights)
+    # the shared experts' output realized apart: added to the sum over the chosen experts, their down matmul would be one
+    # kernel with it, of two reduces in turn: a prompt chunk's GEMM off the tensor cores (and the CPU's GEMM tile), a
+    # decode step's down experts in another shape than their own (not the one their launch sizes were tuned for)
+    return out if self.shared is None else out + self.shared(x).contiguous()

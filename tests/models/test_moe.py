@@ -219,3 +219,17 @@ def test_fused_gate_up_experts_equal_split(tmp_path: Path):
   tokens = [5, 300, 17, 900, 42]
   a, b = (Runtime(p, max_context=16).prefill(tokens).numpy() for p in (split, fused_path))
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+def test_decode_reads_the_shared_down_in_a_kernel_of_its_own(tmp_path: Path):
+  """A decode step's down experts are a kernel of their own: the shared experts' output is realized apart, as in a prompt
+  chunk, where their down matvec would be one kernel with the sum over the chosen experts (two reduces in turn, another
+  shape than the one the down experts' GPU launch sizes are tuned for)."""
+  from experiments.profile import buffer_labels, attribute
+  from ops.kernels import jit_kernels
+  rt = Runtime(synth.synthesize("deepseek-v2-lite-tiny", tmp_path / "ds.gguf", quant="Q8_0"), resolve({"strategy": "packed_words"}), 64)
+  rt.prefill([5, 6, 7])
+  for pos in range(3, 6): rt.decode(8, pos)   # eager, capture, replay
+  reads = [r for *_, r in attribute(jit_kernels(rt._decode), buffer_labels(rt.weights.labels))]
+  downs = [r for r in reads if any(n.endswith("ffn_down_exps") for n in r)]
+  assert downs and all(len(r) == 1 for r in downs), downs
+  assert sum(any(n.endswith("ffn_down_shexp") for n in r) for r in reads) == len(downs)
