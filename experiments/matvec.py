@@ -97,8 +97,8 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   outputs summed with random weights ([rows] out: down); the bytes counted are the K experts'. With `act` the rows are
   joined gate and up halves and the kernel computes SwiGLU of each pair of rows, as a model's act_in_matmul does."""
   if ggml_type not in GGMLQuantizationType.__members__: raise ValueError(f"unknown GGML type {ggml_type!r}")
-  if experts is not None and not 1 <= experts[1] <= experts[0]: raise ValueError(f"experts N,K need 1 <= K <= N, got {experts}")
-  if mixed and experts is None: raise ValueError("a mixed gemv sums experts: give experts N,K")
+  if experts is not None and not 1 <= experts[1] <= experts[0]: raise ValueError(f"experts N,K need 1 <= K <= N, got {experts[0]},{experts[1]}")
+  if mixed and experts is None: raise ValueError("a mixed gemv sums the chosen experts' outputs: give experts N,K")
   if act and (mixed or rows % 2): raise ValueError("an activation's gemv reads joined gate and up rows (an even number), not mixed experts")
   patches.install()
   t, rng = GGMLQuantizationType[ggml_type], np.random.default_rng()
@@ -112,7 +112,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   x = Tensor(x_np).realize()
   int8 = lins[0].int8 and not experts   # expert matmuls read x as it is
   x_seen = round_activations(x, t, "ggml").numpy() if int8 else x_np
-  chosen = [rng.choice(n, k, replace=False) for _ in lins] if experts else [np.zeros(1, dtype=np.int64)] * copies
+  chosen = [rng.choice(n, k, replace=False) for _ in lins]   # a dense weight is its one expert
   sels = [Tensor(c.astype(np.int32)).realize() for c in chosen] if experts else [None] * copies
   mix_np = rng.random(k, dtype=np.float32)
   mix = Tensor(mix_np).realize()

@@ -63,8 +63,8 @@ def test_matvec_bad_strategy(small: Path):
   assert_one_line_error(tinyzoo("matvec", str(small), "--strategies", "packed_dot,warp"), "unknown strategy 'warp'")
 
 def test_matvec_bad_experts():
-  for flags, needle in [(("--experts", "8"), "--experts takes N,K"), (("--experts", "2,3"), "needs 1 <= K <= N, got '2,3'"),
-                        (("--mixed",), "--mixed sums the chosen experts' outputs: give --experts N,K")]:
+  for flags, needle in [(("--experts", "8"), "--experts takes N,K"), (("--experts", "2,3"), "need 1 <= K <= N, got 2,3"),
+                        (("--mixed",), "a mixed gemv sums the chosen experts' outputs: give experts N,K")]:
     assert_one_line_error(tinyzoo("matvec", "--shape", "64x256", "--no-journal", *flags), needle)
 
 def test_matvec_reports_each_strategy(small: Path):
