@@ -391,6 +391,8 @@ def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   return tinygrad_heuristic(tuned)
 
 LOGIT_LANES, LOGIT_POSITIONS = 8, 16
+LOGIT_HEADS = 16      # query heads a thread takes at most
+LOGIT_UNROLLED = 128  # at most these terms a thread sums in one step: unrolled reduces, query heads and the unrolled steps
 
 def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
@@ -407,15 +409,17 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
   keyed = [idx for idx in _indices(k, loads=True) if k.rngs[positions] in idx]
-  group = [a for a in outputs if a not in (chunks[0], positions) and isinstance(n := k.full_shape[a], int) and 1 < n <= 16
-           and not any(k.rngs[a] in idx for idx in keyed)]
+  # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
+  group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
+           and isinstance(n := k.full_shape[a], int) and n > 1 and not any(k.rngs[a] in idx for idx in keyed)}
   longest = max(reduces, key=lambda a: k.full_shape[a])
   tuned, arg = k.copy(), k.rngs[longest].arg
-  for r in [k.rngs[a] for a in reduces if a != longest]:
-    tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
+  others = [k.rngs[a] for a in reduces if a != longest]
+  if prod(r.vmax + 1 for r in others) * prod(group.values()) * REDUCE_UNROLL <= LOGIT_UNROLLED:
+    for r in others: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
   _group_divisor(tuned, arg, LOGIT_LANES)
   _unroll_steps(tuned, arg)
-  for r in [k.rngs[a] for a in group]: tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), 0))
+  for r, heads in group.items(): tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), heads))
   tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
   return tuned
 

@@ -401,7 +401,7 @@ def test_gpu_rotated_logits_share_each_key_over_the_query_group(row_upcast, rng:
   logits = next(c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK)   # the first of its kernels
   assert not any("//(" in b.src[1].get_idx().render() for b in logits.toposort() if b.op is Ops.INDEX)   # by constants only
   opts = full_rewrite_to_sink(logits, cuda_renderer()).arg.applied_opts
-  assert Opt(OptOps.GROUP, 0, 8) in opts and Opt(OptOps.LOCAL, 2, 16) in opts and Opt(OptOps.UPCAST, 1, 0) in opts, opts
+  assert Opt(OptOps.GROUP, 0, 8) in opts and Opt(OptOps.LOCAL, 2, 16) in opts and Opt(OptOps.UPCAST, 1, 4) in opts, opts
 
 def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """That attention, sinks met at the query's own logit, on tinygrad's PYTHON device (workgroups and shared memory)
@@ -414,6 +414,48 @@ def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random
   for pos in (66, 67):
     np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
   assert any(o.op is OptOps.LOCAL for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
+
+def _split_latent_attention(H: int, rank: int, rope: int, split: int, device: str | None, rng: np.random.Generator):
+  """A decode step's latent attention (DeepSeek-style: one kv head of rank + rope columns, H query heads) split in parts
+  of `split` chunks over a cache of two parts, as a function of the position, and its float64 reference."""
+  from ops.attention import CHUNK
+  from ops.mla import mla_attention
+  from tests.ops.test_attention import ref_attention
+  L = 2 * split * CHUNK
+  q, rows = rng.standard_normal((1, H, 1, rank + rope)).astype(np.float32), rng.standard_normal((1, L, rank + rope)).astype(np.float32)
+  qt, rt = (Tensor(a, device=device).realize() for a in (q, rows))
+  def step(pos) -> Tensor: return mla_attention(qt[..., :rank], qt[..., rank:], rt, pos, scale=0.1, split=split)
+  def want(pos: int) -> np.ndarray:
+    kv = rows[:, None, :pos + 1]
+    return ref_attention(q, kv, kv[..., :rank], pos, 0.1)
+  return step, want
+
+@pytest.mark.parametrize("heads, per_thread", [(16, 16), (20, 10)])
+def test_gpu_split_latent_attention_keeps_few_sums_a_thread(heads: int, per_thread: int, row_upcast, rng: np.random.Generator):
+  """DeepSeek-V2-Lite's (16 heads) and GLM-4.7-Flash's (20) latent attention split in parts, at the real width (512 +
+  64): a thread's logits and value sums take the query heads of a position, up to 16 that divide them (20 took one
+  each, so that each key was read 20 times), and a part's chunks stay a loop where unrolling them beside the heads
+  would sum more than 128 terms a step (the value sums had unrolled 8 chunks of 4 steps for 16 heads: 512 exps a
+  thread, 112 us a block at depth 4,096 on an H100, at the profile's parts of 8 chunks)."""
+  from tinygrad.uop.ops import UOp
+  row_upcast(8)
+  step, _ = _split_latent_attention(heads, 512, 64, 8, None, rng)
+  sources = cuda_kernels(step(UOp.variable("pos", 0, 1023)))
+  assert max(src.count("exp2(") for src in sources) <= 64
+  for name in ("logits", "values"):
+    src = next(s for s in sources if "buf0[" in s and ("exp2(" in s) == (name == "values"))
+    assert f"buf0[{per_thread}]" in src, (name, src[:400])
+
+def test_gpu_split_latent_attention_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
+  """That attention for 20 heads in parts of 4 chunks (each a loop of the value sums) on tinygrad's PYTHON device
+  (workgroups and shared memory) against float64 at positions in the first part and past it."""
+  from tinygrad.uop.ops import UOp
+  row_upcast(8)
+  step, want = _split_latent_attention(20, 16, 4, 4, "PYTHON", rng)
+  jit = TinyJit(lambda pos: step(pos).realize())
+  for pos in (3, 258, 259):
+    np.testing.assert_allclose(jit(UOp.variable("pos", 0, 511).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5, err_msg=f"pos {pos}")
+  assert any(o.op is OptOps.UPCAST and o.arg == 10 for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
 
 @pytest.mark.parametrize("rows, per_thread", [(5120, 4), (1536, 1)])
 def test_gpu_folded_norm_halves_rows_only_for_small_kernels(rows: int, per_thread: int, row_upcast, rng: np.random.Generator):
