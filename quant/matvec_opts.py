@@ -398,10 +398,12 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
   over the valid part of a KV cache, ops/attention.py). tinygrad's heuristic merged the chunks into one launch axis
   with the kv heads: gpt-oss-20b's logits ran as a few workgroups, each thread rotating a key again for each query
-  head that reads it. This gives a thread one position's logits for all the query heads of its
-  group (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements of a head
-  (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum (a
-  rotation's pair axis, then up to 4 elements a thread). None for other kernels."""
+  head that reads it. This gives a thread one position's logits for the query heads of its group, up to LOGIT_HEADS
+  that divide them (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements
+  of a head (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum
+  (a rotation's pair axis, then up to 4 elements a thread) where a step then sums at most LOGIT_UNROLLED terms. Split
+  attention's value sums take the same form, a part's chunks the rest of their sum (8 chunks unrolled for the 16 heads
+  of a latent attention spilled a thread's registers). None for other kernels."""
   if k.reduceop is None: return None
   outputs, reduces = k.axes_of(AxisType.GLOBAL, AxisType.WEAK), k.axes_of(AxisType.REDUCE)
   chunks = [a for a in outputs if not isinstance(k.full_shape[a], int)]
