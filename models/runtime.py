@@ -3,7 +3,9 @@ TinyJit with a symbolic start position, so steady-state decode never recompiles.
 `prefill_chunk` hint's tokens, its last partial chunk padded to a whole one (the logits read at a symbolic row), so one
 capture serves every prompt length; the padding's cache rows lie past the prompt, where the next step overwrites them
 before any query sees them. Everything a runtime compiles and
-captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them."""
+captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them. Given a
+JitStore, a runtime takes the JITs a run with the same key captured before (models/jit_cache.py) and keeps those it
+captures (`keep_jits`)."""
 import os
 import time
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.uop.ops import UOp
 from ops.kernels import count_kernels
 from models.config import ModelConfig
+from models.jit_cache import JitStore, cache_key, state_of
 from models.registry import architecture_of
 from models.spec import by_name
 from models.tokenizer import Tokenizer
@@ -20,8 +23,11 @@ from ops import patches
 from ops.host_io import DeviceSlot
 from ops.sampling import READBACK, Sampler
 from profiles.hints import Hints, resolve
+from quant.files import file_sha256
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import kernel_settings
+
+JIT_NAMES = ("prefill", "head", "decode")
 
 DEFAULT_CONTEXT = 2048
 
@@ -44,8 +50,9 @@ class Runtime:
   """A model file built with `hints` (by default the built-in ones: the command line resolves a model's from its flags,
   the device profile and the file's manifest, profiles/device.py resolve_hints), a KV cache of `max_context` positions."""
   def __init__(self, path: str | os.PathLike, hints: Hints | None = None, max_context: int | None = None, device: str | None = None,
-               progress: bool = False):
+               progress: bool = False, jits: JitStore | None = None):
     patches.install()
+    self.path, self.jits = path, jits
     self.hints = hints or resolve()
     h = self.hints
     self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores)
@@ -69,6 +76,59 @@ class Runtime:
     self._prefill_pos = UOp.variable("prefill_pos", 0, self.max_context - 1)
     self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
     self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, self.chunk), dtypes.int32, device)
+    self.cached: set[str] = set()   # the JITs the store gave
+    if jits is not None:
+      state = self._state()
+      for name in JIT_NAMES:
+        if (jit := jits.load(self._jit_key(name), state)) is not None: setattr(self, f"_{name}", jit); self.cached.add(name)
+
+  def _state(self) -> dict:
+    return state_of({"model": self.model, "decode_token": self._decode_token, "prefill_tokens": self._prefill_tokens})
+
+  def _jit_key(self, name: str, **extra) -> str:
+    from profiles.device import device_name
+    hints = {n: h["value"] for n, h in self.hints.as_dict().items()}
+    return cache_key(jit=name, model=file_sha256(self.path), hints=hints, sizes=sorted(self.hints.matvec_sizes.items()), device=device_name(),
+                     on=self.device, max_context=self.max_context, chunk=self.chunk, **extra)
+
+  def _sampler_key(self, sampler: Sampler) -> str: return self._jit_key("sampler", sampler=repr(sampler.params), ring=sampler.ring_size)
+
+  def restore_sampler(self, sampler: Sampler) -> bool:
+    """Gives `sampler` the JIT the store holds for its parameters; whether it had one."""
+    if self.jits is None: return False
+    sampler.prepare(0, self.device)   # its slots, which the JIT reads
+    if (jit := self.jits.load(self._sampler_key(sampler), state_of({"sampler": sampler}))) is None: return False
+    sampler.jit = jit
+    self.cached.add("sampler")
+    return True
+
+  def warm_up(self, sampler: Sampler, progress: bool = False) -> float:
+    """Captures each JIT a generation runs (prefill, head, decode, the sampler's) that is not captured yet, on a token
+    at position 0, so that the prompt's timing holds none of it; returns the seconds taken. The cache rows written lie
+    where the prompt and the steps after it write before they read."""
+    from tqdm import tqdm
+    todo = [n for n in JIT_NAMES if getattr(self, f"_{n}").captured is None] + (["sampler"] if sampler.jit.captured is None else [])
+    if not todo: return 0.0
+    t0 = time.perf_counter()
+    with tqdm(total=2 * len(todo), desc="compiling", unit="run", leave=False, disable=not progress) as bar, sampler.trial():
+      for _ in range(2):   # tinygrad's JIT runs a function plainly, then captures it
+        logits = self.prefill([0]) if {"prefill", "head"} & set(todo) else None
+        if "decode" in todo: logits = self.decode(0, 0)
+        if "sampler" in todo:
+          sampler.prepare(1, self.device)
+          sampler.queue(logits if logits is not None else Tensor.zeros(1, self.cfg.vocab_size, device=self.device).contiguous().realize())
+        bar.update(len(todo))
+    return time.perf_counter() - t0
+
+  def keep_jits(self, sampler: Sampler | None = None) -> None:
+    """Stores each captured JIT the store did not give (with the sampler's, if given)."""
+    if self.jits is None: return
+    state = self._state()
+    for name in JIT_NAMES:
+      if name not in self.cached and (jit := getattr(self, f"_{name}")).captured is not None and self.jits.save(self._jit_key(name), jit, state):
+        self.cached.add(name)
+    if sampler is not None and "sampler" not in self.cached and sampler.jit.captured is not None:
+      if self.jits.save(self._sampler_key(sampler), sampler.jit, state_of({"sampler": sampler})): self.cached.add("sampler")
 
   def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
   def _chunk(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model.hidden(tokens, start_pos).realize()

@@ -23,6 +23,7 @@ each pass tests _WAYS thresholds at once and keeps the highest that still passes
 logits lie within range / _WAYS**_PASSES of each other (then the lower one is kept too).
 """
 import collections
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -138,6 +139,14 @@ class Sampler:
       draws = np.zeros(self.ring_size, dtype=np.float32)
       draws[[(self._steps + i) % self.ring_size for i in range(steps)]] = self.rng.random(steps, dtype=np.float32)
       self._u.write(draws)
+
+  @contextlib.contextmanager
+  def trial(self):
+    """Steps queued inside (a warm-up's) leave no trace: the step count and the random draws are as before, and the
+    next `prepare` writes the ring from the accepted tokens."""
+    steps, state = self._steps, self.rng.bit_generator.state
+    try: yield
+    finally: self._steps, self._ring_stale, self.rng.bit_generator.state = steps, True, state
 
   def queue(self, logits: Tensor) -> Tensor:
     """Samples on the device after `prepare`: the token [1, 1] int32, not waited for, which the next decode step can read."""

@@ -1,5 +1,6 @@
 """The tinyzoo command: `info` on real and written files, `run` on a real model, and one-line errors with exit status 1 on
 bad input."""
+import os
 import re
 import struct
 import subprocess
@@ -11,8 +12,10 @@ from gguf import GGMLQuantizationType as T
 from quant.random_blocks import random_blocks
 from tests.gguf_files import small_gguf, type_field_offset
 
-def tinyzoo(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600)
+def tinyzoo(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+  """The CLI in a process of its own, with `cache` as its cache directory if given."""
+  env = {**os.environ, "TINYZOO_CACHE": str(cache)} if cache else None
+  return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600, env=env)
 
 @pytest.fixture
 def small(tmp_path: Path, rng: np.random.Generator) -> Path:
@@ -103,9 +106,25 @@ def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
   assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"),
                         "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama, qwen3)")
 
-def test_run_streams_text_and_ends_with_a_summary():
-  r = tinyzoo("run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64")
-  assert r.returncode == 0, r.stderr
-  assert r.stdout.startswith("The capital of France is") and len(r.stdout.strip()) > len("The capital of France is")
-  summary = r.stderr.strip().splitlines()[-1]
-  assert re.fullmatch(r"prompt 5 tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| \d+ kernels/token", summary), summary
+SUMMARY = (r"load [0-9.]+ s \| compile ([0-9.]+) s \((.+)\) \| prompt 5 tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| "
+           r"\d+ kernels/token")
+
+def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_path: Path):
+  """The summary gives load and compile apart from prompt and decode; the second run of the same model takes all four
+  JITs from the cache directory and says so; --no-cache neither takes nor keeps any; `tinyzoo cache` counts them and
+  --clear removes them."""
+  run = ["run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64"]
+  summaries, texts = [], []
+  for extra in ([], [], ["--no-cache"]):
+    r = tinyzoo(*run, *extra, cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The capital of France is") and len(r.stdout.strip()) > len("The capital of France is")
+    summaries.append(re.fullmatch(SUMMARY, r.stderr.strip().splitlines()[-1]))
+    texts.append(r.stdout)
+  assert all(summaries), summaries
+  (first, second, uncached) = [(float(m.group(1)), m.group(2)) for m in summaries]
+  assert first[0] > 0 and first[1] == "0 of 4 JITs from the cache" and second == (0.0, "4 of 4 JITs from the cache"), (first, second)
+  assert uncached[0] > 0 and uncached[1] == "--no-cache" and texts[0] == texts[1] == texts[2]
+  assert re.fullmatch(r".*/jits: 4 captured JITs, [0-9.]+ MiB of at most 2048 MiB\n", tinyzoo("cache", cache=tmp_path).stdout)
+  assert tinyzoo("cache", "--clear", cache=tmp_path).stdout.startswith("removed ")
+  assert " 0 captured JITs" in tinyzoo("cache", cache=tmp_path).stdout

@@ -4,6 +4,7 @@ import sys
 from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, model_label, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
+from models.jit_cache import DEFAULT_LIMIT_MB as JIT_DEFAULT_MB, LIMIT_ENV as JIT_LIMIT_ENV
 
 USER_ERRORS = (GGUFError, ModelNotFound, UnsupportedType, ValueError)
 
@@ -68,6 +69,13 @@ def parse_experts(spec: str) -> tuple[int, int]:
 def cmd_run(args) -> None:
   from tinyzoo.run import cmd_run as run
   run(args)
+
+def cmd_cache(args) -> None:
+  from models.jit_cache import JitStore
+  store = JitStore()
+  if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs from {store.root}")
+  entries = store.entries()
+  print(f"{store.root}: {len(entries)} captured JITs, {sum(e[1] for e in entries) / 2**20:.1f} MiB of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
@@ -201,6 +209,10 @@ def add_model_options(s: argparse.ArgumentParser, **defaults) -> None:
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_flags(s, **defaults)
 
+def add_cache_option(s: argparse.ArgumentParser) -> None:
+  s.add_argument("--no-cache", action="store_true", help="neither take captured JITs from the cache directory nor keep this run's "
+                 "(see `tinyzoo cache`)")
+
 def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") -> None:
   s.add_argument("--journal", metavar="PATH", help=f"append {what} to this journal (default: $TINYZOO_JOURNAL, else "
                  "~/.local/share/tinyzoo/journal.jsonl; the project's is results/journal.jsonl)")
@@ -255,9 +267,11 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_matvec)
 
   s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",
-                     description="Prefills the prompt and decodes under TinyJit, streaming the text; the last line (stderr) gives prompt and "
-                                 "decode tok/s and the kernels one decoded token runs. Sampling defaults follow llama.cpp; "
-                                 "--temperature 0 is greedy.")
+                     description="Prefills the prompt and decodes under TinyJit, streaming the text; the last line (stderr) gives the "
+                                 "seconds to load the model and to compile (capture) its JITs, prompt and decode tok/s apart from them, and "
+                                 "the kernels one decoded token runs. The JITs are kept in the cache directory (`tinyzoo cache`): a later "
+                                 "run of the same model file, hints, device and tinyzoo compiles nothing. Sampling defaults follow "
+                                 "llama.cpp; --temperature 0 is greedy.")
   s.add_argument("model", nargs="?", help=MODEL_HELP)
   s.add_argument("-p", "--prompt", required=True, help="the prompt text")
   s.add_argument("-n", type=int, default=64, help="tokens to generate at most (default 64)")
@@ -268,6 +282,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
   s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as one user turn")
   add_model_options(s)
+  add_cache_option(s)
   s.set_defaults(fn=cmd_run)
 
   s = sub.add_parser("logits", help="top logits at the last prompt position and greedy tokens, for several prompts in one process",
@@ -281,7 +296,16 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("--greedy", type=int, default=4, help="greedy tokens to generate (default 4)")
   s.add_argument("--json", action="store_true", help='print {"cases": [{"prompt", "tokens", "top", "greedy"}]}')
   add_model_options(s, rounding="ggml")
+  add_cache_option(s)
   s.set_defaults(fn=cmd_logits)
+
+  s = sub.add_parser("cache", help="the captured JITs kept across runs: where, how many, how large; --clear removes them",
+                     description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
+                                 "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
+                                 "hints, the device and its name, tinygrad's version and settings and tinyzoo's source; the least "
+                                 f"recently used go beyond ${JIT_LIMIT_ENV} MiB (default {JIT_DEFAULT_MB}).")
+  s.add_argument("--clear", action="store_true", help="remove every kept JIT")
+  s.set_defaults(fn=cmd_cache)
 
   s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",
                      description="Prefills --depth token ids of context, captures decode under TinyJit, then times --tokens decode "

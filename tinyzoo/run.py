@@ -1,14 +1,22 @@
 """`tinyzoo run` (stream a generation) and `tinyzoo logits` (top logits and greedy tokens as JSON)."""
 import json
 import sys
+import time
 from models.catalog import resolve_model
+from models.jit_cache import JitStore
 from models.runtime import Runtime, Timing
 from ops.sampling import Sampler, SamplerParams
 
 def load(args) -> Runtime:
-  """The model built from its resolved kernel hints."""
+  """The model built from its resolved kernel hints, with the JITs earlier runs kept unless --no-cache."""
   from tinyzoo.cli import model_hints
-  return Runtime(path := resolve_model(args.model), model_hints(args, path), args.ctx, progress=sys.stderr.isatty())
+  return Runtime(path := resolve_model(args.model), model_hints(args, path), args.ctx, progress=sys.stderr.isatty(),
+                 jits=None if args.no_cache else JitStore())
+
+def keep(rt: Runtime, sampler: Sampler | None = None) -> None:
+  """Stores the JITs this run captured, saying what could not be kept or was rebuilt."""
+  rt.keep_jits(sampler)
+  for note in rt.jits.notes if rt.jits else []: print(note, file=sys.stderr)
 
 def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
   return rt.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else rt.tokenizer.encode(prompt)
@@ -16,20 +24,27 @@ def prompt_ids(rt: Runtime, prompt: str, chat: bool) -> list[int]:
 def cmd_run(args) -> None:
   params = SamplerParams(args.temperature, args.top_k, args.top_p, args.repeat_penalty)
   if args.n < 1: raise ValueError(f"-n must be at least 1, got {args.n}")
+  t0 = time.perf_counter()
   rt = load(args)
+  sampler = Sampler(params, args.seed)
+  rt.restore_sampler(sampler)
+  load_s, from_cache = time.perf_counter() - t0, len(rt.cached)
   ids = prompt_ids(rt, args.prompt, args.chat)
   rt.check_fits(len(ids), args.n)
+  compile_s = rt.warm_up(sampler, progress=sys.stderr.isatty())
   timing, stream = Timing(), rt.tokenizer.stream()
   sys.stdout.write(args.prompt if not args.chat else "")
-  for token in rt.generate(ids, args.n, Sampler(params, args.seed), timing):
+  for token in rt.generate(ids, args.n, sampler, timing):
     sys.stdout.write(stream.add(token))
     sys.stdout.flush()
   sys.stdout.write(stream.flush() + "\n")
   sys.stdout.flush()
+  keep(rt, sampler)
   prompt_rate = timing.prompt_tokens / timing.prompt_s if timing.prompt_s else 0.0
   decode_rate = f"{timing.decoded / timing.decode_s:.1f} tok/s" if timing.decoded else "n/a"
-  print(f"prompt {timing.prompt_tokens} tokens at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | "
-        f"{timing.kernels_per_token} kernels/token", file=sys.stderr)
+  cached = f" ({from_cache} of 4 JITs from the cache)" if rt.jits is not None else " (--no-cache)"
+  print(f"load {load_s:.1f} s | compile {compile_s:.1f} s{cached} | prompt {timing.prompt_tokens} tokens "
+        f"at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | {timing.kernels_per_token} kernels/token", file=sys.stderr)
 
 def cmd_logits(args) -> None:
   if not args.cases: raise ValueError("give at least one -p PROMPT or --tokens IDS")
@@ -44,6 +59,7 @@ def cmd_logits(args) -> None:
     top = sorted(range(len(values)), key=lambda i: -values[i])[:args.top]
     tokens = list(rt.continue_from(logits, len(ids), args.greedy, greedy)) if args.greedy else []
     cases.append({"prompt": value if kind == "prompt" else None, "tokens": ids, "top": [[i, float(values[i])] for i in top], "greedy": tokens})
+  keep(rt)
   if args.json: print(json.dumps({"cases": cases}))
   else:
     for c in cases:

@@ -1,0 +1,204 @@
+"""Captured JITs kept across runs in the cache directory (`jits/`), so that a later run with the same key schedules and
+compiles nothing.
+
+An entry is one pickled TinyJit (its planned calls, compiled programs and output tensors) under a key that hashes
+everything that changes it: the model file's sha256, the resolved hints, the device and its name, tinygrad's version and
+settings, tinyzoo's own source, and the caller's shapes (context, chunk, sampler). The buffers a JIT reads from its
+model's state (weights, caches, rope tables, the host slots) are not written into it: each is named by its path in the
+objects that hold it and bound to the loading run's buffer of that name. Buffers the JIT writes (its arena) are written
+as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
+MAX_OTHER_BYTES. A file is a magic line, the payload's sha256 and the payload, written to a temporary file and renamed
+into place (two runs at once each leave a whole entry); one that fails any check is deleted and captured again.
+The directory is kept under its limit by removing the entries least recently used."""
+import functools
+import hashlib
+import io
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+from tinygrad import Tensor
+from tinygrad.device import Buffer
+from tinygrad.engine.jit import _TinyJit
+from tinygrad.uop.ops import Ops, UOp, buffers
+from ops.cache import cache_dir
+
+MAGIC = b"tinyzoo-jit 1\n"
+DEFAULT_LIMIT_MB = 2048
+MAX_OTHER_BYTES = 16 << 20
+LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
+SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
+
+class NotCacheable(ValueError): pass
+
+@functools.cache
+def source_digest() -> str:
+  """sha256 over tinyzoo's own Python source: any change to it is another key."""
+  root, h = Path(__file__).resolve().parent.parent, hashlib.sha256()
+  for path in sorted(p for d in SOURCES for p in (root / d).rglob("*.py")):
+    h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+  return h.hexdigest()
+
+# settings that change no kernel and no schedule: what tinygrad prints, where it caches compiles; where tinyzoo keeps files
+UNKEYED = frozenset({"DEBUG", "CCACHE", "CACHELEVEL", "CACHEDB", "VIZ", "PROFILE", "TRACK_MATCH_STATS", "TINYZOO_CACHE",
+                     "TINYZOO_JOURNAL", "TINYZOO_TEST_SEED", LIMIT_ENV})
+
+def settings() -> dict[str, Any]:
+  """tinygrad's version and the environment that sets its context variables (BEAM, NUM_CPU_THREADS, ...) and tinyzoo's
+  (TINYZOO_GPU_MATVEC, ...), but those in UNKEYED. By the variables set, not by every one tinygrad has: which of those
+  exist depends on the modules a process imported."""
+  from importlib.metadata import version
+  from tinygrad.helpers import ContextVar
+  env = {k: v for k, v in sorted(os.environ.items()) if (k in ContextVar._cache or k.startswith("TINYZOO_")) and k not in UNKEYED}
+  return {"version": version("tinygrad"), "env": env}
+
+def cache_key(**parts: Any) -> str:
+  return hashlib.sha256(json.dumps({**parts, "tinyzoo": source_digest(), "tinygrad": settings()}, sort_keys=True,
+                                   default=str).encode()).hexdigest()
+
+def state_of(roots: dict[str, Any]) -> dict[str, Tensor]:
+  """The tensors reachable from `roots` through tinyzoo's objects, each by the path that first reaches it."""
+  out: dict[str, Tensor] = {}
+  seen: set[int] = set()
+  def walk(obj: Any, path: str):
+    if id(obj) in seen: return
+    seen.add(id(obj))
+    if isinstance(obj, Tensor): out[path] = obj
+    elif isinstance(obj, (list, tuple)):
+      for i, x in enumerate(obj): walk(x, f"{path}.{i}")
+    elif isinstance(obj, dict):
+      for k, x in obj.items(): walk(x, f"{path}.{k}")
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in SOURCES:
+      for k, x in vars(obj).items(): walk(x, f"{path}.{k}")
+  for name, root in roots.items(): walk(root, name)
+  return out
+
+def _buffer_uop(t: Tensor) -> UOp | None:
+  return u if (u := t.uop.base).op is Ops.BUFFER and u in buffers else None
+
+class _Writer(pickle.Pickler):
+  def __init__(self, f, state: dict[str, Tensor], written: set[Buffer]):
+    super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+    self.uops: dict[UOp, str] = {}
+    for name, t in state.items():
+      if (u := _buffer_uop(t)) is not None: self.uops.setdefault(u, name)
+    self.bufs = {u.buffer: name for u, name in self.uops.items()}
+    self.written = written
+
+  def persistent_id(self, obj: Any):
+    if isinstance(obj, UOp) and obj.op is Ops.BUFFER and obj in buffers:   # a device buffer (not a kernel's registers)
+      if obj in self.uops: return ("state-uop", self.uops[obj])
+      return ("uop", id(obj), obj.device, obj.buffer.size, obj.dtype, obj.buffer)
+    if isinstance(obj, Buffer) and obj._base is None:
+      if obj in self.bufs: return ("state", self.bufs[obj])
+      if obj in self.written: return ("scratch", id(obj), obj.device, obj.size, obj.dtype, obj.options)
+      if obj.nbytes > MAX_OTHER_BYTES: raise NotCacheable(f"a buffer of {obj.nbytes / 2**20:.0f} MiB outside the model's state")
+    return None
+
+class _Reader(pickle.Unpickler):
+  def __init__(self, f, state: dict[str, Tensor]):
+    super().__init__(f)
+    self.state, self.made = state, {}
+
+  def persistent_load(self, pid):
+    kind, rest = pid[0], pid[1:]
+    if kind in ("state", "state-uop"):   # realized here if it is not yet (a weight copied from the file when first read)
+      if (t := self.state.get(rest[0])) is None or (u := _buffer_uop(t.realize())) is None:
+        raise pickle.UnpicklingError(f"no state buffer {rest[0]!r} in this run")
+      return u.buffer if kind == "state" else u
+    if rest[0] not in self.made:
+      if kind == "scratch":
+        device, size, dtype, options = rest[1:]
+        self.made[rest[0]] = Buffer(device, size, dtype, options=options).ensure_allocated()
+      elif kind == "uop":
+        device, size, dtype, buf = rest[1:]
+        self.made[rest[0]] = u = UOp.new_buffer(device, size, dtype)   # a fresh slot: the saved one may name another buffer here
+        buffers[u] = buf.ref(1)
+      else: raise pickle.UnpicklingError(f"unknown entry {kind!r}")
+    return self.made[rest[0]]
+
+def written_buffers(jit: _TinyJit) -> set[Buffer]:
+  """The base buffers a captured JIT writes (its arena and outputs): their contents are never read before written."""
+  assert jit.captured is not None
+  return {buffers[u].base for u in jit.captured._written_uops if u in buffers}
+
+class JitStore:
+  """Captured JITs in `root` (default: the cache directory's jits/), at most `limit` bytes (TINYZOO_JIT_CACHE_MB, default
+  DEFAULT_LIMIT_MB)."""
+  def __init__(self, root: Path | None = None, limit: int | None = None):
+    self.root = root or cache_dir() / "jits"
+    self.limit = limit if limit is not None else int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) << 20
+    self.notes: list[str] = []   # what went wrong with an entry (rebuilt), for the caller to show
+
+  def path(self, key: str) -> Path: return self.root / f"{key}.jit"
+
+  def load(self, key: str, state: dict[str, Tensor]) -> _TinyJit | None:
+    """The JIT stored under `key`, bound to `state`; None if there is none or it is damaged (then it is removed)."""
+    path = self.path(key)
+    try: data = path.read_bytes()
+    except FileNotFoundError: return None
+    try:
+      if not data.startswith(MAGIC): raise pickle.UnpicklingError("not a tinyzoo JIT entry of this version")
+      digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
+      if len(digest) != 32 or hashlib.sha256(payload).digest() != digest: raise pickle.UnpicklingError("truncated or altered")
+      jit = _Reader(io.BytesIO(payload), state).load()
+      if not isinstance(jit, _TinyJit) or jit.captured is None: raise pickle.UnpicklingError("not a captured JIT")
+    except Exception as e:   # whatever a damaged file makes pickle raise: the entry is captured again
+      self.notes.append(f"jit cache: {path.name} was unusable ({type(e).__name__}: {e}); capturing it again")
+      path.unlink(missing_ok=True)
+      return None
+    os.utime(path)   # most recently used
+    return jit
+
+  def save(self, key: str, jit: _TinyJit, state: dict[str, Tensor]) -> bool:
+    """Stores a captured JIT whole or not at all; False (with a note) if it holds what cannot be cached."""
+    f = io.BytesIO()
+    try: _Writer(f, state, written_buffers(jit)).dump(jit)
+    except NotCacheable as e:
+      self.notes.append(f"jit cache: not kept ({e})")
+      return False
+    payload = f.getvalue()
+    self.root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".", suffix=".tmp")
+    try:
+      with os.fdopen(fd, "wb") as out:
+        out.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        out.flush()
+        os.fsync(out.fileno())
+      os.replace(tmp, self.path(key))
+    finally:
+      if os.path.exists(tmp): os.unlink(tmp)
+    self.trim()
+    return True
+
+  def entries(self) -> list[tuple[Path, int, float]]:
+    """(path, bytes, last use) of each entry, least recently used first."""
+    if not self.root.is_dir(): return []
+    found = []
+    for p in self.root.glob("*.jit"):
+      try: st = p.stat()
+      except FileNotFoundError: continue   # removed by another run meanwhile
+      found.append((p, st.st_size, st.st_mtime))
+    return sorted(found, key=lambda e: e[2])
+
+  def size(self) -> int: return sum(e[1] for e in self.entries())
+
+  def trim(self) -> None:
+    entries = self.entries()
+    total = sum(e[1] for e in entries)
+    for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
+      if total <= self.limit: break
+      path.unlink(missing_ok=True)
+      total -= size
+
+  def clear(self) -> int:
+    """Removes every entry (and leftovers of interrupted writes); returns the bytes freed."""
+    freed = 0
+    if self.root.is_dir():
+      for p in list(self.root.glob("*.jit")) + list(self.root.glob(".*.tmp")):
+        try: freed += p.stat().st_size
+        except FileNotFoundError: continue
+        p.unlink(missing_ok=True)
+    return freed

@@ -1,0 +1,128 @@
+"""Captured JITs kept across runs (models/jit_cache.py): a later run with the same key takes all four and compiles
+nothing, with the same tokens; any change of key misses; a damaged or partial entry is removed and captured again; the
+store stays under its limit."""
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+import pytest
+from models.jit_cache import MAGIC, JitStore
+from models.runtime import JIT_NAMES, Runtime
+from models.synth import synthesize
+from ops.sampling import Sampler, SamplerParams
+from profiles.hints import resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT, N = [5, 6, 7, 8], 6
+GREEDY = SamplerParams(temperature=0, repeat_penalty=1.0)
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path: return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("jits") / "tiny.gguf", quant="Q8_0")
+
+def generate(path: Path, store: JitStore | None, hints: dict | None = None, ctx: int = 64, params: SamplerParams = GREEDY,
+             seed: int = 0) -> tuple[Runtime, list[int]]:
+  """A run as `tinyzoo run` makes it: load (taking what the store has), warm up, generate, keep the JITs."""
+  rt = Runtime(path, resolve(hints or {}), ctx, jits=store)
+  sampler = Sampler(params, seed)
+  rt.restore_sampler(sampler)
+  rt.warm_up(sampler)
+  tokens = list(rt.generate(PROMPT, N, sampler))
+  rt.keep_jits(sampler)
+  return rt, tokens
+
+LATER_RUN = """
+import json, os, sys
+from pathlib import Path
+from tinygrad.helpers import getenv
+from models.jit_cache import JitStore
+from models.runtime import Runtime
+from ops.sampling import Sampler
+from profiles.hints import resolve
+from tests.models.test_jit_cache import GREEDY, N, PROMPT
+rt = Runtime(sys.argv[1], resolve({}), 64, jits=JitStore(Path(sys.argv[2])))
+os.environ["ASSERT_COMPILE"] = "1"   # from here on, any compile is an error
+getenv.cache_clear()
+sampler = Sampler(GREEDY)
+rt.restore_sampler(sampler)
+rt.warm_up(sampler)
+print(json.dumps({"cached": sorted(rt.cached), "tokens": list(rt.generate(PROMPT, N, sampler))}))
+"""
+
+def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, tmp_path: Path):
+  """The later run is another process with tinygrad's compile cache off and, once the model is loaded (its weights'
+  packing kernels compile in any run), any compile an error (ASSERT_COMPILE): it takes prefill, head, decode and the
+  sampler's JIT from the store, and its tokens are those of the first run and of a run without the store."""
+  store = JitStore(tmp_path / "jits")
+  first, tokens = generate(model, store)
+  assert first.cached == {*JIT_NAMES, "sampler"} and len(store.entries()) == 4 and store.notes == []
+  assert generate(model, None)[1] == tokens
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "CCACHE": "0"}
+  r = subprocess.run([sys.executable, "-c", LATER_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  later = json.loads(r.stdout.splitlines()[-1])
+  assert later == {"cached": sorted({*JIT_NAMES, "sampler"}), "tokens": tokens}
+
+def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path, seed: int):
+  """Sampling at a temperature with a repeat penalty (the sampler's JIT reads its draws and recent tokens from slots of
+  its own): the same seed gives the same tokens without the store, capturing into it and taking everything from it."""
+  store, params = JitStore(tmp_path / "jits"), SamplerParams(temperature=0.9, repeat_penalty=1.3)
+  want = generate(model, None, params=params, seed=seed)[1]
+  assert generate(model, store, params=params, seed=seed)[1] == want
+  rt, tokens = generate(model, store, params=params, seed=seed)
+  assert rt.cached == {*JIT_NAMES, "sampler"} and tokens == want and store.notes == []
+
+@pytest.mark.parametrize("change", [{"hints": {"row_upcast": 4}}, {"ctx": 80}])
+def test_any_change_of_key_misses(model: Path, tmp_path: Path, change: dict):
+  store = JitStore(tmp_path / "jits")
+  _, tokens = generate(model, store)
+  rt, changed = generate(model, store, **change)
+  assert len(store.entries()) == 8 and changed == tokens and store.notes == []
+
+def damage(path: Path, how: str) -> None:
+  data = path.read_bytes()
+  if how == "truncated": path.write_bytes(data[:len(data) // 2])
+  elif how == "flipped": path.write_bytes(data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:])
+  elif how == "other version": path.write_bytes(b"tinyzoo-jit 0\n" + data[len(MAGIC):])
+  elif how == "empty": path.write_bytes(b"")
+  elif how == "garbage": path.write_bytes(MAGIC + os.urandom(32) + os.urandom(1000))
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "other version", "empty", "garbage"])
+def test_a_damaged_entry_is_removed_and_captured_again(model: Path, tmp_path: Path, how: str):
+  store = JitStore(tmp_path / "jits")
+  _, tokens = generate(model, store)
+  for path, _, _ in store.entries(): damage(path, how)
+  rt, again = generate(model, store)
+  assert again == tokens and len(store.notes) == 4 and all("was unusable" in n for n in store.notes)
+  assert len(store.entries()) == 4 and all(p.read_bytes().startswith(MAGIC) for p, _, _ in store.entries())
+  store.notes.clear()
+  assert generate(model, store)[1] == tokens and store.notes == []
+
+def test_an_interrupted_write_leaves_no_entry(model: Path, tmp_path: Path, monkeypatch):
+  """A write stopped before its rename leaves neither an entry nor its temporary file; two writers of one key at once
+  each leave a whole entry, the last one's."""
+  store = JitStore(tmp_path / "jits")
+  rt, tokens = generate(model, store)
+  store.clear()
+  def stopped(*_): raise KeyboardInterrupt
+  monkeypatch.setattr(os, "replace", stopped)
+  with pytest.raises(KeyboardInterrupt): store.save("k", rt._decode, rt._state())
+  monkeypatch.undo()
+  assert list(store.root.iterdir()) == []
+  writers = [threading.Thread(target=store.save, args=("k", rt._decode, rt._state())) for _ in range(4)]
+  for w in writers: w.start()
+  for w in writers: w.join()
+  assert [p.name for p in store.root.iterdir()] == ["k.jit"] and store.load("k", rt._state()) is not None and store.notes == []
+
+def test_the_store_keeps_under_its_limit_the_most_recently_used(model: Path, tmp_path: Path):
+  store = JitStore(tmp_path / "jits")
+  rt, _ = generate(model, store)
+  sizes = {p.name: size for p, size, _ in store.entries()}
+  state = rt._state()
+  small = JitStore(store.root, limit=sum(sizes.values()) - 1)
+  oldest = small.entries()[0][0]
+  small.load(oldest.stem, state)   # used now: another is the least recently used
+  small.trim()
+  assert oldest.exists() and len(small.entries()) == 3 and small.size() <= small.limit
+  assert small.clear() > 0 and small.entries() == []
