@@ -6,6 +6,7 @@ before any query sees them. Everything a runtime compiles and
 captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them. Given a
 JitStore, a runtime takes the JITs a run with the same key captured before (models/jit_cache.py) and keeps those it
 captures (`keep_jits`)."""
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -85,11 +86,14 @@ class Runtime:
   def _state(self) -> dict:
     return state_of({"model": self.model, "decode_token": self._decode_token, "prefill_tokens": self._prefill_tokens})
 
-  def _jit_key(self, name: str, **extra) -> str:
+  @functools.cached_property
+  def _key_parts(self) -> dict:
+    """What every JIT of this runtime depends on besides its own name and shapes."""
     from profiles.device import device_name
-    hints = {n: h["value"] for n, h in self.hints.as_dict().items()}
-    return cache_key(jit=name, model=file_sha256(self.path), hints=hints, sizes=sorted(self.hints.matvec_sizes.items()), device=device_name(),
-                     on=self.device, max_context=self.max_context, chunk=self.chunk, **extra)
+    return {"model": file_sha256(self.path), "hints": {n: h["value"] for n, h in self.hints.as_dict().items()}, "device": device_name(),
+            "sizes": sorted(self.hints.matvec_sizes.items()), "on": self.device, "max_context": self.max_context, "chunk": self.chunk}
+
+  def _jit_key(self, name: str, **extra) -> str: return cache_key(jit=name, **self._key_parts, **extra)
 
   def _sampler_key(self, sampler: Sampler) -> str: return self._jit_key("sampler", sampler=repr(sampler.params), ring=sampler.ring_size)
 
