@@ -1,5 +1,6 @@
 """`tinyzoo bench`: decode in JIT steady state after each of --depth tokens of context (as llama-bench's tg test at its
--d depths), with kernels per token, ms per token, bytes read against the memory floor, capture and compile time; prompt
+-d depths), with kernels per token, ms per token, bytes read against the memory floor, capture and compile time and the
+start of a run whose JITs all come from the cache (cached_start_s: weights loaded to first token); prompt
 processing of --pp tokens from an empty context, its prefill JIT captured first (as llama-bench's pp test); and llama.cpp
 measured in the same run when it is installed. One record per depth, all from one load and one capture."""
 import dataclasses
@@ -9,6 +10,7 @@ import statistics
 from collections import Counter
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
 from quant.files import file_sha256
 from models.deepseek2 import prefill_form
+from models.jit_cache import JitStore
 from models.moe import MoE
 from models.runtime import Runtime, Timing
 from ops import patches
@@ -121,9 +124,31 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
             "prefill_capture_s": round(prefill_capture_s, 2), "load_s": round(load_s, 2)}
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
+  start = cached_start(rt)
+  for record in records: record["metrics"]["cached_start_s"] = start
   for record, at_depth in zip(records, peers):
     if at_depth: record["peer"], record["peers"] = at_depth[0], at_depth
   return records
+
+def cached_start(rt: Runtime) -> float | None:
+  """Seconds from loaded weights to the first token of a run that takes every JIT from the cache (as `run`'s second
+  run does): this run's JITs kept in a temporary store and taken back from it, then a one-token prompt's prefill and
+  its first greedy token. None where a JIT cannot be kept (the store's note says why, on stderr)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    rt.jits, sampler = JitStore(Path(tmp)), Sampler(SamplerParams(temperature=0))
+    try:
+      rt.warm_up(sampler)
+      rt.keep_jits(sampler)
+      if rt.cached != {"prefill", "head", "decode", "sampler"}:
+        for note in rt.jits.notes: print(note, file=sys.stderr)
+        return None
+      rt.cached.clear()
+      t0 = time.perf_counter()
+      rt.restore_jits()
+      rt.restore_sampler(sampler := Sampler(SamplerParams(temperature=0)))
+      next(rt.generate([11], 1, sampler))
+      return round(time.perf_counter() - t0, 3)
+    finally: rt.jits = None
 
 def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: int, shared: dict, bandwidth: float) -> dict:
   """The record of decode after `depth` tokens of context; `shared` holds the run's prompt processing and load figures.
@@ -181,12 +206,18 @@ def tinygrad_app(path: Path, cfg: BenchConfig, depth: int) -> dict | None:
     return None
   return json.loads(r.stdout.strip().splitlines()[-1])
 
+def startup(m: dict) -> str:
+  """Compile and capture of prefill and decode, and (in brackets) weights loaded to first token with the JITs cached."""
+  first = sum(m.get(k, 0) for k in ("compile_s", "capture_s", "prefill_compile_s", "prefill_capture_s"))
+  return f"{first:.1f}" + (f" ({m['cached_start_s']:.2f})" if m.get("cached_start_s") is not None else "")
+
 def table(records: list[dict]) -> str:
-  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "peers tok/s (pp tok/s)")
+  head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "start s (cached)",
+          "peers tok/s (pp tok/s)")
   rows = [(r["model"], r["device"].split(",")[0][:40], changed_switches(r["switches"]),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
            f"{m['tok_s']:.2f} @d{m['depth']}", f"{m['floor_ms']:.2f}", f"{m['pp_tok_s']:.1f} (pp{m.get('pp_tokens', r['prompt_tokens'])})",
-           ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" + (f" ({p['pp_tok_s']:.1f})" if "pp_tok_s" in p else "")
+           f"{startup(m)}", ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" + (f" ({p['pp_tok_s']:.1f})" if "pp_tok_s" in p else "")
                      for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
   widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"

@@ -78,10 +78,14 @@ class Runtime:
     self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
     self._decode_token, self._prefill_tokens = DeviceSlot((1, 1), dtypes.int32, device), DeviceSlot((1, self.chunk), dtypes.int32, device)
     self.cached: set[str] = set()   # the JITs the store gave
-    if jits is not None:
-      state = self._state()
-      for name in JIT_NAMES:
-        if (jit := jits.load(self._jit_key(name), state)) is not None: setattr(self, f"_{name}", jit); self.cached.add(name)
+    self.restore_jits()
+
+  def restore_jits(self) -> None:
+    """Takes from the store each of prefill, head and decode that it holds for this runtime's key."""
+    if self.jits is None: return
+    state = self._state()
+    for name in JIT_NAMES:
+      if (jit := self.jits.load(self._jit_key(name), state)) is not None: setattr(self, f"_{name}", jit); self.cached.add(name)
 
   def _state(self) -> dict:
     return state_of({"model": self.model, "decode_token": self._decode_token, "prefill_tokens": self._prefill_tokens})

@@ -34,6 +34,9 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   assert "tiny: one decode step" in title and "launched alone" in note and "Per-block kernel map" in text
   # the weights read per token: every matmul weight once, one row of the (untied) embedding table at most
   assert record["metrics"]["bytes_per_token"] > 0
+  # a run whose JITs all come from the cache starts in a fraction of this one's compile and capture
+  m = record["metrics"]
+  assert 0 < m["cached_start_s"] < (m["compile_s"] + m["capture_s"] + m["prefill_compile_s"] + m["prefill_capture_s"]) / 2, m
 
 def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
   defs = tmp_path / "defs"
