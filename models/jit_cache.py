@@ -156,7 +156,7 @@ class JitStore:
     """Stores a captured JIT whole or not at all; False (with a note) if it holds what cannot be cached."""
     f = io.BytesIO()
     try: _Writer(f, state, written_buffers(jit)).dump(jit)
-    except NotCacheable as e:
+    except (NotCacheable, pickle.PicklingError, TypeError, AttributeError) as e:   # what pickle raises on an object it cannot write
       self.notes.append(f"jit cache: not kept ({e})")
       return False
     payload = f.getvalue()

@@ -126,3 +126,14 @@ def test_the_store_keeps_under_its_limit_the_most_recently_used(model: Path, tmp
   small.trim()
   assert oldest.exists() and len(small.entries()) == 3 and small.size() <= small.limit
   assert small.clear() > 0 and small.entries() == []
+
+def test_a_jit_pickle_cannot_write_is_not_kept(model: Path, tmp_path: Path, monkeypatch):
+  """What pickle cannot write (a device's handle, say) leaves no entry and one note; the run goes on."""
+  import pickle
+  from models import jit_cache
+  def refuse(self, obj): raise pickle.PicklingError("cannot pickle 'CUgraph' object")
+  monkeypatch.setattr(jit_cache._Writer, "dump", refuse)
+  store = JitStore(tmp_path / "jits")
+  rt, tokens = generate(model, store)
+  assert rt.cached == set() and store.entries() == [] and len(store.notes) == 4
+  assert all(n == "jit cache: not kept (cannot pickle 'CUgraph' object)" for n in store.notes) and tokens == generate(model, None)[1]
