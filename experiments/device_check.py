@@ -7,11 +7,12 @@ and compares: logits within a relative error, argmax and greedy tokens identical
   there: python -m experiments.device_check --against ref.json      (exits 1 on a mismatch)"""
 import argparse
 import json
-import os
 import random
 import sys
+from pathlib import Path
 import numpy as np
 from tinygrad import Device
+from ops.cache import write_whole
 from ops.kernels import replay_kernels
 from models.catalog import resolve_model
 from quant.files import file_sha256
@@ -59,9 +60,7 @@ def save(presets: list[str], out: str, prompts: int, prompt_len: int, greedy: in
       ids = [rng.randrange(rt.cfg.vocab_size) for _ in range(prompt_len)]
       logits, tokens = run(rt, ids, greedy)
       cases.append({"preset": preset, "sha256": sha, "ids": ids, "logits": logits.tolist(), "greedy": tokens})
-  tmp = f"{out}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f: json.dump({"seed": seed, "device": "CPU", "strategy": strategy, "cases": cases}, f)
-  os.replace(tmp, out)
+  write_whole(Path(out), json.dumps({"seed": seed, "device": "CPU", "strategy": strategy, "cases": cases}))
   print(f"wrote {len(cases)} CPU cases ({strategy}, prompt seed {seed}) to {out}")
 
 def against(ref_path: str, device: str, hints: dict | None = None) -> tuple[bool, int]:

@@ -16,14 +16,13 @@ import io
 import json
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 from tinygrad import Tensor
 from tinygrad.device import Buffer
 from tinygrad.engine.jit import _TinyJit
 from tinygrad.uop.ops import Ops, UOp, buffers
-from ops.cache import cache_dir
+from ops.cache import cache_dir, write_whole
 
 MAGIC = b"tinyzoo-jit 1\n"
 DEFAULT_LIMIT_MB = 2048
@@ -160,16 +159,7 @@ class JitStore:
       self.notes.append(f"jit cache: not kept ({e})")
       return False
     payload = f.getvalue()
-    self.root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".", suffix=".tmp")
-    try:
-      with os.fdopen(fd, "wb") as out:
-        out.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-        out.flush()
-        os.fsync(out.fileno())
-      os.replace(tmp, self.path(key))
-    finally:
-      if os.path.exists(tmp): os.unlink(tmp)
+    write_whole(self.path(key), MAGIC + hashlib.sha256(payload).digest() + payload)
     self.trim()
     return True
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 from tinygrad import Device
 from tinygrad.helpers import NUM_CPU_THREADS
+from ops.cache import write_whole
 from profiles.hints import HINTS, Hints, check, from_env, from_manifest, resolve
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes
@@ -107,12 +108,10 @@ def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
 def _save(path: Path, profile: dict) -> None:
   sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
   doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "architectures", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
-  tmp = path.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text("# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
+  write_whole(path, "# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
                  "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
                  "# a block per thread]) found fastest per kernel shape on this device (gb_s 0: chosen by a model bench's tok/s)\n"
                  + yaml.safe_dump(doc, sort_keys=False))
-  os.replace(tmp, path)
 
 def device_profile(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
   """The profile of this device (in `folder`, default profiles/) and its path; an empty one and None without one."""

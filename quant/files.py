@@ -1,7 +1,7 @@
 """A model file's sha256, computed once and remembered in the cache directory."""
 import hashlib
 import os
-from ops.cache import cache_dir
+from ops.cache import cache_dir, write_whole
 
 def file_sha256(path: os.PathLike) -> str:
   """sha256 of a model file, remembered per (path, size, mtime) so a 250 MB file is hashed once."""
@@ -11,8 +11,5 @@ def file_sha256(path: os.PathLike) -> str:
   h = hashlib.sha256()
   with open(path, "rb") as f:
     while chunk := f.read(1 << 22): h.update(chunk)
-  memo.parent.mkdir(parents=True, exist_ok=True)
-  tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text(h.hexdigest())
-  os.replace(tmp, memo)
+  write_whole(memo, h.hexdigest())
   return h.hexdigest()
