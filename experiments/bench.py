@@ -24,7 +24,7 @@ from quant.files import file_sha256
 from models.deepseek2 import prefill_form
 from models.jit_cache import JitStore
 from models.moe import MoE
-from models.runtime import Runtime, Timing
+from models.runtime import ALL_JITS, Runtime, Timing
 from ops import patches
 from ops.topk import topk_by_name
 from profiles.hints import Hints, resolve
@@ -139,7 +139,7 @@ def cached_start(rt: Runtime) -> float | None:
     try:
       rt.warm_up(sampler)
       rt.keep_jits(sampler)
-      if rt.cached != {"prefill", "head", "decode", "sampler"}:
+      if rt.cached != set(ALL_JITS):
         for note in rt.jits.notes: print(note, file=sys.stderr)
         return None
       rt.cached.clear()

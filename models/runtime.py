@@ -29,6 +29,7 @@ from quant.gguf_file import GGUFFile
 from quant.matvec_opts import kernel_settings
 
 JIT_NAMES = ("prefill", "head", "decode")
+ALL_JITS = (*JIT_NAMES, "sampler")   # what a generation captures: the runtime's and its sampler's
 
 DEFAULT_CONTEXT = 2048
 
@@ -115,7 +116,7 @@ class Runtime:
     at position 0, so that the prompt's timing holds none of it; returns the seconds taken. The cache rows written lie
     where the prompt and the steps after it write before they read."""
     from tqdm import tqdm
-    todo = [n for n in JIT_NAMES if getattr(self, f"_{n}").captured is None] + (["sampler"] if sampler.jit.captured is None else [])
+    todo = [n for n in ALL_JITS if (sampler.jit if n == "sampler" else getattr(self, f"_{n}")).captured is None]
     if not todo: return 0.0
     t0 = time.perf_counter()
     with tqdm(total=2 * len(todo), desc="compiling", unit="run", leave=False, disable=not progress) as bar, sampler.trial():

@@ -4,7 +4,7 @@ import sys
 import time
 from models.catalog import resolve_model
 from models.jit_cache import JitStore
-from models.runtime import Runtime, Timing
+from models.runtime import ALL_JITS, Runtime, Timing
 from ops.sampling import Sampler, SamplerParams
 
 def load(args) -> Runtime:
@@ -42,7 +42,7 @@ def cmd_run(args) -> None:
   keep(rt, sampler)
   prompt_rate = timing.prompt_tokens / timing.prompt_s if timing.prompt_s else 0.0
   decode_rate = f"{timing.decoded / timing.decode_s:.1f} tok/s" if timing.decoded else "n/a"
-  cached = f" ({from_cache} of 4 JITs from the cache)" if rt.jits is not None else " (--no-cache)"
+  cached = f" ({from_cache} of {len(ALL_JITS)} JITs from the cache)" if rt.jits is not None else " (--no-cache)"
   print(f"load {load_s:.1f} s | compile {compile_s:.1f} s{cached} | prompt {timing.prompt_tokens} tokens "
         f"at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | {timing.kernels_per_token} kernels/token", file=sys.stderr)
 

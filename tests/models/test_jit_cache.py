@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 import pytest
 from models.jit_cache import MAGIC, JitStore
-from models.runtime import JIT_NAMES, Runtime
+from models.runtime import ALL_JITS, Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
 from profiles.hints import resolve
@@ -56,13 +56,13 @@ def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, tmp_path:
   sampler's JIT from the store, and its tokens are those of the first run and of a run without the store."""
   store = JitStore(tmp_path / "jits")
   first, tokens = generate(model, store)
-  assert first.cached == {*JIT_NAMES, "sampler"} and len(store.entries()) == 4 and store.notes == []
+  assert first.cached == set(ALL_JITS) and len(store.entries()) == 4 and store.notes == []
   assert generate(model, None)[1] == tokens
   env = {**os.environ, "PYTHONPATH": str(ROOT), "CCACHE": "0"}
   r = subprocess.run([sys.executable, "-c", LATER_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   later = json.loads(r.stdout.splitlines()[-1])
-  assert later == {"cached": sorted({*JIT_NAMES, "sampler"}), "tokens": tokens}
+  assert later == {"cached": sorted(set(ALL_JITS)), "tokens": tokens}
 
 def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path, seed: int):
   """Sampling at a temperature with a repeat penalty (the sampler's JIT reads its draws and recent tokens from slots of
@@ -71,7 +71,7 @@ def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path,
   want = generate(model, None, params=params, seed=seed)[1]
   assert generate(model, store, params=params, seed=seed)[1] == want
   rt, tokens = generate(model, store, params=params, seed=seed)
-  assert rt.cached == {*JIT_NAMES, "sampler"} and tokens == want and store.notes == []
+  assert rt.cached == set(ALL_JITS) and tokens == want and store.notes == []
 
 @pytest.mark.parametrize("change", [{"hints": {"row_upcast": 4}}, {"ctx": 80}])
 def test_any_change_of_key_misses(model: Path, tmp_path: Path, change: dict):
