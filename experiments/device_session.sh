@@ -12,6 +12,8 @@
 #   bench:PRESET[:Q]    a synthetic real-shape model made here (quant Q, default the preset's), benched beside llama-bench
 #                       (without .lcpp carried: alone, for comparisons inside one call at no build time)
 #   exp:NAME:PRESET[:Q] the named experiment (experiments/defs/NAME.yaml) on that model, llama-bench beside its baseline
+#   start:PRESET[:Q]    `tinyzoo run` of that model twice on an empty JIT cache: the first run compiles and keeps its JITs,
+#                       the second takes them (each run's summary line and wall seconds to the log)
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
@@ -74,6 +76,12 @@ for item in "$@"; do
     exp:*) IFS=: read -r _ name model <<< "$step"
            file=$(model "$model") && llama_bench_ready && peer_flags &&
            python3 -m tinyzoo exp run "$name" --model "$file" "${peer[@]}" || status=1 ;;
+    start:*) file=$(model "${step#start:}") && cache=$(mktemp -d) &&
+             for run in first second; do
+               t0=$EPOCHREALTIME
+               TINYZOO_CACHE=$cache python3 -m tinyzoo run "$file" -p "The capital of France is" -n 16 --temperature 0 --strategy "$STRATEGY" "${flags[@]}" 2>&1 >/dev/null | tail -1
+               awk "BEGIN { printf \"$run run: %.1f s wall\\n\", $EPOCHREALTIME - $t0 }"
+             done || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
                JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf)${switches:+-${switches//[^A-Za-z0-9_.-]/_}}.txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&

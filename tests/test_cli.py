@@ -106,11 +106,11 @@ def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
   assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"),
                         "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama, qwen3)")
 
-SUMMARY = (r"load [0-9.]+ s \| compile ([0-9.]+) s \((.+)\) \| prompt 5 tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| "
-           r"\d+ kernels/token")
+SUMMARY = (r"load [0-9.]+ s \| compile ([0-9.]+) s \((.+)\) \| first token ([0-9.]+) s after loading \| "
+           r"prompt 5 tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| \d+ kernels/token")
 
 def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_path: Path):
-  """The summary gives load and compile apart from prompt and decode; the second run of the same model takes all four
+  """The summary gives load, compile and the first token's time apart from prompt and decode; the second run of the same model takes all four
   JITs from the cache directory and says so; --no-cache neither takes nor keeps any; `tinyzoo cache` counts them and
   --clear removes them."""
   run = ["run", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64"]
@@ -123,6 +123,7 @@ def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_p
     texts.append(r.stdout)
   assert all(summaries), summaries
   (first, second, uncached) = [(float(m.group(1)), m.group(2)) for m in summaries]
+  assert all(float(m.group(3)) + 0.05 >= float(m.group(1)) for m in summaries), summaries   # after the compile (shown to 0.1 s)
   assert first[0] > 0 and first[1] == "0 of 4 JITs from the cache" and second == (0.0, "4 of 4 JITs from the cache"), (first, second)
   assert uncached[0] > 0 and uncached[1] == "--no-cache" and texts[0] == texts[1] == texts[2]
   assert re.fullmatch(r".*/jits: 4 captured JITs, [0-9.]+ MiB of at most 2048 MiB\n", tinyzoo("cache", cache=tmp_path).stdout)

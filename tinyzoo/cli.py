@@ -268,7 +268,8 @@ def parser() -> argparse.ArgumentParser:
 
   s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",
                      description="Prefills the prompt and decodes under TinyJit, streaming the text; the last line (stderr) gives the "
-                                 "seconds to load the model and to compile (capture) its JITs, prompt and decode tok/s apart from them, and "
+                                 "seconds to load the model, to compile (capture) its JITs and from loaded to the first token, prompt "
+                                 "and decode tok/s apart from them, and "
                                  "the kernels one decoded token runs. The JITs are kept in the cache directory (`tinyzoo cache`): a later "
                                  "run of the same model file, hints, device and tinyzoo compiles nothing. Sampling defaults follow "
                                  "llama.cpp; --temperature 0 is greedy.")

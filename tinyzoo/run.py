@@ -28,13 +28,15 @@ def cmd_run(args) -> None:
   rt = load(args)
   sampler = Sampler(params, args.seed)
   rt.restore_sampler(sampler)
-  load_s, from_cache = time.perf_counter() - t0, len(rt.cached)
+  loaded = time.perf_counter()
+  load_s, from_cache, first_s = loaded - t0, len(rt.cached), None
   ids = prompt_ids(rt, args.prompt, args.chat)
   rt.check_fits(len(ids), args.n)
   compile_s = rt.warm_up(sampler, progress=sys.stderr.isatty())
   timing, stream = Timing(), rt.tokenizer.stream()
   sys.stdout.write(args.prompt if not args.chat else "")
   for token in rt.generate(ids, args.n, sampler, timing):
+    if first_s is None: first_s = time.perf_counter() - loaded
     sys.stdout.write(stream.add(token))
     sys.stdout.flush()
   sys.stdout.write(stream.flush() + "\n")
@@ -43,7 +45,7 @@ def cmd_run(args) -> None:
   prompt_rate = timing.prompt_tokens / timing.prompt_s if timing.prompt_s else 0.0
   decode_rate = f"{timing.decoded / timing.decode_s:.1f} tok/s" if timing.decoded else "n/a"
   cached = f" ({from_cache} of {len(ALL_JITS)} JITs from the cache)" if rt.jits is not None else " (--no-cache)"
-  print(f"load {load_s:.1f} s | compile {compile_s:.1f} s{cached} | prompt {timing.prompt_tokens} tokens "
+  print(f"load {load_s:.1f} s | compile {compile_s:.1f} s{cached} | first token {first_s:.2f} s after loading | prompt {timing.prompt_tokens} tokens "
         f"at {prompt_rate:.1f} tok/s | decode {timing.decoded} tokens at {decode_rate} | {timing.kernels_per_token} kernels/token", file=sys.stderr)
 
 def cmd_logits(args) -> None:
