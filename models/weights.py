@@ -5,7 +5,7 @@ each kernel reads."""
 from typing import Literal
 from tinygrad import Tensor
 from tqdm import tqdm
-from quant.gguf_file import GGUFFile
+from quant.gguf_file import GGUFFile, TensorInfo
 from ops.norm import NormedInput
 from models.spec import TensorDef
 from profiles.hints import Hints
@@ -25,13 +25,25 @@ class Weights:
     self.labels.append((name, kind, t))
     return t
 
-  def _load(self, name: str) -> QTensor:
+  def _check(self, name: str) -> TensorInfo:
     if name not in self.g.tensors: raise self.g.fail(f"missing tensor {name!r}")
     if name not in self.spec: raise self.g.fail(f"tensor {name!r} is none that a {self.g.architecture} file holds (models/spec.py)")
     if (have := self.g.tensors[name].shape) != (shape := self.spec[name].shape):
       raise self.g.fail(f"tensor {name!r} has shape {have}, but the metadata implies {shape}")
+    return self.g.tensors[name]
+
+  def _load(self, name: str) -> QTensor:
+    self._check(name)
     self.bar.update()
     return self.g.load(name, self.device)
+
+  def _load_joined(self, names: list[str]) -> QTensor:
+    """Tensors of one GGML type as one over their joined rows."""
+    if len(names) == 1: return self._load(names[0])
+    infos = [self._check(n) for n in names]
+    self.bar.update(len(names))
+    try: return concat_rows([(self.g.raw(i.name), i.shape) for i in infos], infos[0].ggml_type, self.device)
+    except ValueError as e: raise self.g.fail(f"tensors {', '.join(map(repr, names))}: {e}") from None
 
   def has(self, name: str) -> bool: return name in self.g.tensors
 
@@ -45,25 +57,32 @@ class Weights:
   def experts(self, names: list[str]) -> QuantExperts:
     """Expert weights [experts, out, in] (and biases [experts, out] where the file has them), read per selected expert.
     Several names (gate and up) become one matmul over their joined rows, as `projections` does."""
-    weights = [self._load(f"{n}.weight") for n in names]
+    weight = self._load_joined([f"{n}.weight" for n in names])
     biases = [self._load(f"{n}.bias").dequantize() if self.has(f"{n}.bias") else None for n in names]
-    weight, bias, name = _joined(names, weights, biases)
+    bias, name = self._joined_bias(names, biases), _joined_name(names)
     self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.hints.rounding,
                                                  self.hints.prefill))
     for t in linear.device_tensors: self.label(name, "experts", t)
     return linear
 
+  def _joined_bias(self, names: list[str], biases: list[Tensor | None]) -> Tensor | None:
+    """The biases [..., out_i] of matmuls joined as their weights' rows are (zeros where one has none)."""
+    if all(b is None for b in biases): return None
+    outs = [self.g.tensors[f"{n}.weight"].shape[:-1] for n in names]
+    return Tensor.cat(*[b if b is not None else Tensor.zeros(*out) for b, out in zip(biases, outs)], dim=-1).realize()
+
   def projections(self, names: list[str]) -> "Projections":
     """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""
-    weights = [self._load(f"{n}.weight") for n in names]
+    types = [self._check(f"{n}.weight").ggml_type for n in names]
     biases = [self._bias(n) for n in names]
     groups: dict = {}
-    for i, w in enumerate(weights): groups.setdefault(w.ggml_type if self.hints.fuse else i, []).append(i)
+    for i, t in enumerate(types): groups.setdefault(t if self.hints.fuse else i, []).append(i)
     fused = []
     for members in groups.values():
-      weight, bias, name = _joined([names[i] for i in members], [weights[i] for i in members], [biases[i] for i in members])
-      fused.append((members, self.over(weight, name, bias)))
-    return Projections(fused, [w.shape[-2] for w in weights])
+      weight = self._load_joined([f"{names[i]}.weight" for i in members])
+      joined = [names[i] for i in members]
+      fused.append((members, self.over(weight, _joined_name(joined), self._joined_bias(joined, [biases[i] for i in members]))))
+    return Projections(fused, [self.g.tensors[f"{n}.weight"].shape[-2] for n in names])
 
   def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""
@@ -81,13 +100,9 @@ class Weights:
     self.label(name.removesuffix(".weight"), "table", qt.blocks)
     return qt
 
-def _joined(names: list[str], weights: list[QTensor], biases: list[Tensor | None]) -> tuple[QTensor, Tensor | None, str]:
-  """Weights [..., out_i, in] as one over their joined rows, their biases [..., out_i] likewise (zeros where one has
-  none), and the joined name: 'blk.0.ffn_gate+ffn_up'."""
-  weight = weights[0] if len(weights) == 1 else concat_rows(weights)
-  bias = None if all(b is None for b in biases) else \
-    Tensor.cat(*[b if b is not None else Tensor.zeros(*w.shape[:-1]) for b, w in zip(biases, weights)], dim=-1).realize()
-  return weight, bias, names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
+def _joined_name(names: list[str]) -> str:
+  """'blk.0.ffn_gate+ffn_up' for the names of joined matmuls."""
+  return names[0] + "".join("+" + n.rsplit(".", 1)[-1] for n in names[1:])
 
 class Projections:
   """Calls its matmuls on one input and returns each projection's output, in the order they were named."""

@@ -78,9 +78,13 @@ class GGUFFile:
   @property
   def architecture(self) -> str: return self.require("general.architecture")
 
-  def load(self, name: str, device: str | None = None) -> QTensor:
+  def raw(self, name: str) -> np.ndarray:
+    """A tensor's bytes as the file stores them (a view of the mapped file)."""
     if (info := self.tensors.get(name)) is None: raise self.fail(f"missing tensor {name!r}")
-    raw = self.reader.data[info.offset:info.offset + info.nbytes]
+    return self.reader.data[info.offset:info.offset + info.nbytes]
+
+  def load(self, name: str, device: str | None = None) -> QTensor:
+    raw, info = self.raw(name), self.tensors[name]
     try: return QTensor.from_bytes(raw, info.ggml_type, info.shape, device)
     except ValueError as e: raise self.fail(f"tensor {name!r}: {e}") from None
 

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor
+from ops.host_io import upload
 from quant.blockformat import BlockFormat
 from quant.formats import FORMATS
 
@@ -29,22 +30,26 @@ class QTensor:
 
   @staticmethod
   def from_bytes(raw: np.ndarray, ggml_type: GGMLQuantizationType, shape: tuple[int, ...], device: str | None = None) -> "QTensor":
-    """raw: the tensor's bytes exactly as GGUF stores them (any numpy dtype, viewed as uint8)."""
-    fmt = block_format(ggml_type)
-    if shape[-1] % fmt.block_elems: raise ValueError(f"rows of {shape[-1]} elements are not whole {fmt.name} blocks of {fmt.block_elems}")
-    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(*shape[:-1], shape[-1] // fmt.block_elems, fmt.block_bytes)
-    if fmt.block_elems == 1: blocks = blocks.view(f"<u{fmt.block_bytes}")
-    return QTensor(Tensor(blocks, device=device), ggml_type, tuple(shape))
+    """raw: the tensor's bytes exactly as GGUF stores them (any numpy dtype, viewed as uint8), copied to the device."""
+    return QTensor(upload(host_blocks(raw, ggml_type, shape), device), ggml_type, tuple(shape))
 
   def dequantize(self) -> Tensor:
     """The float32 weights, as a lazy expression over the blocks (realize it to keep a copy)."""
     return self.format.dequantize(self.blocks).reshape(self.shape)
 
-def concat_rows(tensors: list[QTensor]) -> QTensor:
-  """One tensor whose rows (the second-to-last logical axis) are those of `tensors` in order, for each index of any
-  leading axes (experts); one GGML type, the same row length and leading axes; packed bytes copied once."""
-  first = tensors[0]
-  if any(t.ggml_type != first.ggml_type or t.shape[:-2] != first.shape[:-2] or t.shape[-1] != first.shape[-1] for t in tensors):
-    raise ValueError("concat_rows needs tensors of one GGML type, row length and leading axes")
-  blocks = first.blocks.cat(*[t.blocks for t in tensors[1:]], dim=-3).contiguous().realize()
-  return QTensor(blocks, first.ggml_type, (*first.shape[:-2], sum(t.shape[-2] for t in tensors), first.shape[-1]))
+def host_blocks(raw: np.ndarray, ggml_type: GGMLQuantizationType, shape: tuple[int, ...]) -> np.ndarray:
+  """A tensor's bytes as `QTensor.blocks` lays them out, on the host."""
+  fmt = block_format(ggml_type)
+  if shape[-1] % fmt.block_elems: raise ValueError(f"rows of {shape[-1]} elements are not whole {fmt.name} blocks of {fmt.block_elems}")
+  blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(*shape[:-1], shape[-1] // fmt.block_elems, fmt.block_bytes)
+  return blocks.view(f"<u{fmt.block_bytes}") if fmt.block_elems == 1 else blocks
+
+def concat_rows(parts: list[tuple[np.ndarray, tuple[int, ...]]], ggml_type: GGMLQuantizationType, device: str | None = None) -> QTensor:
+  """One tensor whose rows (the second-to-last logical axis) are those of the parts (raw bytes as from_bytes takes them,
+  logical shape) in order, for each index of any leading axes (experts): the same row length and leading axes; joined
+  on the host and copied to the device once."""
+  shapes = [shape for _, shape in parts]
+  if any(s[:-2] != shapes[0][:-2] or s[-1] != shapes[0][-1] for s in shapes):
+    raise ValueError("concat_rows needs tensors of one row length and leading axes")
+  blocks = np.concatenate([host_blocks(raw, ggml_type, shape) for raw, shape in parts], axis=len(shapes[0]) - 2)
+  return QTensor(upload(blocks, device), ggml_type, (*shapes[0][:-2], sum(s[-2] for s in shapes), shapes[0][-1]))
