@@ -216,9 +216,9 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   rt = cfg.runtime(path, cfg.pp)
   ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
   times: dict[UOp, list[list[float]]] = {}
-  for _ in range(2): rt.prefill(ids).realize()   # compile, capture
+  for _ in range(2): rt.prefill_chunks(ids).realize()   # compile, capture
   with timed_replays(times):
-    for _ in range(repeats): rt.prefill(ids).realize()
+    for _ in range(repeats): rt.prefill_chunks(ids).realize()
   linear = rt._prefill.captured.linear
   rows = rows_for(linear, buffer_labels(rt.weights.labels), times.get(linear, []))
   # the weights' matmuls: attention's read a cache

@@ -2,7 +2,7 @@
 TinyJit with a symbolic start position, so steady-state decode never recompiles. A prompt runs in chunks of the
 `prefill_chunk` hint's tokens, its last partial chunk padded to a whole one (the logits read at a symbolic row), so one
 capture serves every prompt length; the padding's cache rows lie past the prompt, where the next step overwrites them
-before any query sees them. Everything a runtime compiles and
+before any query sees them. A prompt of a few tokens (the `prefill_steps` hint's) runs as decode steps instead. Everything a runtime compiles and
 captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them. Given a
 JitStore, a runtime takes the JITs a run with the same key captured before (models/jit_cache.py) and keeps those it
 captures (`keep_jits`)."""
@@ -121,7 +121,7 @@ class Runtime:
     t0 = time.perf_counter()
     with tqdm(total=2 * len(todo), desc="compiling", unit="run", leave=False, disable=not progress) as bar, sampler.trial():
       for _ in range(2):   # tinygrad's JIT runs a function plainly, then captures it
-        logits = self.prefill([0]) if {"prefill", "head"} & set(todo) else None
+        logits = self.prefill_chunks([0]) if {"prefill", "head"} & set(todo) else None
         if "decode" in todo: logits = self.decode(0, 0)
         if "sampler" in todo:
           sampler.prepare(1, self.device)
@@ -149,6 +149,15 @@ class Runtime:
                             f"{self.max_context} tokens (--ctx, at most {self.cfg.context_length} for this model)")
 
   def prefill(self, ids: list[int]) -> Tensor:
+    """Runs the prompt from position 0 and returns the logits of its last token: through decode steps if it has at most
+    `prefill_steps` tokens, else in chunks (`prefill_chunks`)."""
+    if not ids: raise ValueError("empty prompt")
+    if len(ids) > self.hints.prefill_steps: return self.prefill_chunks(ids)
+    self.check_fits(len(ids))
+    for pos, token in enumerate(ids): logits = self.decode(token, pos)
+    return logits
+
+  def prefill_chunks(self, ids: list[int]) -> Tensor:
     """Runs the prompt from position 0 through the prefill JIT, a chunk at a time (the last one padded), then the head
     JIT on the last chunk's output alone. Returns the logits of the prompt's last token."""
     if not ids: raise ValueError("empty prompt")

@@ -120,6 +120,9 @@ HINTS: dict[str, Hint] = {
   "prefill_chunk": Hint(lambda: 128 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
                         "128 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
+  "prefill_steps": Hint(8, _count, "prompts of at most N tokens run as N decode steps instead of a padded prefill chunk: a "
+                        "step costs about a ninth of a chunk's time (128 rows on the CPU, 512 on a GPU; 0: every prompt in chunks)",
+                        metavar="N"),
   "expert_tile": Hint(lambda: 8 if _on_cpu() else 32, _positive, "rows of a prompt chunk's MoE GEMM that share an expert: the "
                       "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "
                       "expert's weights once (default 32 on a GPU, 8 on the CPU; smaller tiles pad less and read the weights "

@@ -217,7 +217,7 @@ def test_fused_gate_up_experts_equal_split(tmp_path: Path):
     fused.append(t)
   fused_path = write_gguf(tmp_path / "fused.gguf", "gpt-oss", synth.metadata("gpt-oss-20b-tiny"), fused)
   tokens = [5, 300, 17, 900, 42]
-  a, b = (Runtime(p, max_context=16).prefill(tokens).numpy() for p in (split, fused_path))
+  a, b = (Runtime(p, max_context=16).prefill_chunks(tokens).numpy() for p in (split, fused_path))
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 def test_decode_reads_the_shared_down_in_a_kernel_of_its_own(tmp_path: Path):

@@ -50,7 +50,7 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
     want = token_by_token(rt, ids)
     errs = []
     for n in LENGTHS:
-      got = rt.prefill(ids[:n]).numpy()[0]
+      got = rt.prefill_chunks(ids[:n]).numpy()[0]
       errs.append(float(np.abs(got - want[n - 1]).max() / np.abs(want[n - 1]).max()))
       if prefill != "half": assert np.argmax(got) == np.argmax(want[n - 1])
     worst.append(max(errs))
@@ -59,9 +59,23 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
   # every length replayed one capture: prompts of other lengths compile nothing
   captured, compiled = rt._prefill.captured, len(to_program_cache)
   assert captured is not None
-  rt.prefill(ids[:3]).realize()
-  rt.prefill(ids[:2 * CHUNK + 2]).realize()
+  rt.prefill_chunks(ids[:3]).realize()
+  rt.prefill_chunks(ids[:2 * CHUNK + 2]).realize()
   assert rt._prefill.captured is captured and len(to_program_cache) == compiled
+
+def test_a_short_prompt_runs_as_decode_steps(rng: np.random.Generator):
+  """A prompt of at most `prefill_steps` tokens gives the logits of the decode steps it runs (no chunk is captured); a
+  longer one runs in chunks; 0 chunks every prompt."""
+  rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": CHUNK, "prefill_steps": 4}), max_context=40)
+  ids = rng.integers(10, rt.cfg.vocab_size, size=5).tolist()
+  want = token_by_token(rt, ids)
+  for _ in range(2): np.testing.assert_array_equal(rt.prefill(ids[:4]).numpy()[0], want[3])
+  assert rt._prefill.cnt == 0
+  for _ in range(2): rt.prefill(ids).realize()
+  assert rt._prefill.captured is not None
+  chunked = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": CHUNK, "prefill_steps": 0}), max_context=40)
+  chunked.prefill(ids[:1]).realize()
+  assert chunked._prefill.cnt == 1 and chunked._decode.cnt == 0
 
 def test_prefill_chunk_is_bounded_by_the_context():
   rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": 4096}), max_context=24)
