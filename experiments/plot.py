@@ -20,10 +20,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from experiments.journal import commit_times
+from experiments.journal import KINDS, commit_times
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
-KINDS = ("kernels", "speed", "breakdown", "history", "pp", "depth")
 FORMATS = ("png", "svg", "pdf")
 DPI = 120
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible

@@ -368,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
   add_journal_options(e, "the records")
   s.set_defaults(fn=cmd_exp)
 
-  from experiments.plot import KINDS
+  from experiments.journal import KINDS   # not experiments.plot: matplotlib takes half a second to import
   s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing, depth",
                      description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
                                  "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
