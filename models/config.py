@@ -49,4 +49,4 @@ class ModelConfig:
 def rope_freq_factors(g: GGUFFile) -> tuple[float, ...] | None:
   """`rope_freqs.weight`: per rotated pair, the divisor of its frequency (Llama 3's rope scaling, as llama.cpp applies it)."""
   if (info := g.tensors.get("rope_freqs.weight")) is None: return None
-  return tuple(float(f) for f in dequantize(g.reader.data[info.offset:info.offset + info.nbytes], info.ggml_type).reshape(-1))
+  return tuple(float(f) for f in dequantize(g.raw(info.name), info.ggml_type).reshape(-1))

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
-from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, GGUFEndian, GGUFValueType as V, LlamaFileType as F, quants
+from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, GGUFValueType as V, LlamaFileType as F, quants
 from ops.cache import cache_dir
 from quant.gguf_file import GGUFFile, TensorInfo
 from quant.gguf_write import RawTensor, Typed, write_gguf
@@ -49,7 +49,6 @@ def write_copy(src: str | os.PathLike, out: str | os.PathLike, t: T, select: Cal
   if t not in SUPPORTED: raise ValueError(f"cannot requantize to {t.name} (supported: {', '.join(s.name for s in SUPPORTED)})")
   if out.exists() and src.exists() and out.resolve() == src.resolve(): raise ValueError(f"{out}: the copy would overwrite its source")
   g = GGUFFile(src)
-  if g.reader.endianess != GGUFEndian.LITTLE: raise g.fail("big-endian GGUF files are not supported")
   tensors = [_tensor(g, info, t if requantizes(info, t) and select(info) else None) for info in g.tensors.values()]
   write_gguf(out, g.architecture, _metadata(g, t, metadata or {}), tensors, progress=f"requantizing {src.name} to {t.name}")
   return out
@@ -59,17 +58,17 @@ def _metadata(g: GGUFFile, t: T, extra: Metadata) -> dict[str, Any]:
   new = {"general.name": f"{g.get('general.name') or Path(g.path).stem} (requantized to {t.name})", "general.file_type": int(FILE_TYPES[t]),
          **extra}
   out: dict[str, Any] = {}
-  for key, field in g.reader.fields.items():
-    if key.startswith("GGUF.") or key == "general.architecture": continue   # the reader's view of the header; write_gguf's key
+  for key, field in g.fields.items():
+    if key == "general.architecture": continue   # write_gguf's key
     if key == "general.file_type":   # keeps the integer type it had
-      out[key] = Typed(new.pop(key), field.types[0] if len(field.types) == 1 and field.types[0] in _INTEGERS else V.UINT32)
+      out[key] = Typed(new.pop(key), field.type if field.type in _INTEGERS else V.UINT32)
     elif key in new: out[key] = new.pop(key)
-    else: out[key] = Typed(g.get(key), field.types[0], field.types[-1] if field.types[0] == V.ARRAY else None)
+    else: out[key] = Typed(g.get(key), field.type, field.item)
   return out | new
 
 def _tensor(g: GGUFFile, info: TensorInfo, t: T | None) -> RawTensor:
   """The tensor as it is (t None), or requantized to t a few rows at a time, when it is written."""
-  raw = lambda: g.reader.data[info.offset:info.offset + info.nbytes]
+  raw = lambda: g.raw(info.name)
   if t is None: return RawTensor(info.name, info.ggml_type, raw, info.shape)
   def requantized() -> np.ndarray:
     rows, step = raw().reshape(-1, info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))), max(1, CHUNK_ELEMS // info.shape[-1])

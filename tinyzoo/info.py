@@ -19,7 +19,7 @@ def describe(g: GGUFFile) -> str:
   arch = g.architecture
   lines = [f"file          {g.path} ({os.path.getsize(g.path):,} bytes)",
            f"architecture  {arch}" + (f"  ({name})" if (name := g.get("general.name")) else "")]
-  lines += ["", "hyperparameters"] + [f"  {k[len(arch) + 1:]:<36} {_value(g.get(k))}" for k in g.metadata_keys if k.startswith(arch + ".")]
+  lines += ["", "hyperparameters"] + [f"  {k[len(arch) + 1:]:<36} {_value(g.get(k))}" for k in g.keys() if k.startswith(arch + ".")]
   kind = g.get("tokenizer.ggml.model")
   tok = f"{kind} ({TOKENIZER_KINDS.get(kind, 'unknown kind')}), {g.array_len('tokenizer.ggml.tokens'):,} tokens" if kind else "none in the file"
   if (pre := g.get("tokenizer.ggml.pre")): tok += f", pre-tokenizer {pre}"

@@ -5,7 +5,7 @@ from quant.gguf_file import GGUFFile
 
 def _weight(g: GGUFFile, name: str) -> np.ndarray:
   t = g.tensors[name]
-  raw = g.reader.data[t.offset:t.offset + t.nbytes].reshape(*t.shape[:-1], -1)
+  raw = g.raw(name).reshape(*t.shape[:-1], -1)
   return quants.dequantize(raw, t.ggml_type).reshape(t.shape).astype(np.float64)
 
 def _rope(x: np.ndarray, pos: np.ndarray, base: float, interleaved: bool) -> np.ndarray:

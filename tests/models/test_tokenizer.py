@@ -3,13 +3,11 @@ tokenizer test vocabularies, decoding and streaming, chat templates, and the err
 import functools
 import json
 import os
-import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
-import numpy as np
 import pytest
 from gguf import GGUFWriter
 from models.catalog import ModelNotFound, resolve_model
@@ -126,42 +124,8 @@ def llama_vocabs() -> Path:
       if not target.exists(): raise   # else a concurrent run put it there first
   return target
 
-class GGUFMetadata:
-  """The key-value section of a GGUF file, for Tokenizer.from_gguf: GGUFFile's reader makes a numpy view of every array element, which
-  takes ~40 s for these vocabularies (the real models above go through GGUFFile)."""
-  SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-  def __init__(self, path: Path):
-    self.data, self.pos = path.read_bytes(), 24
-    assert self.data[:4] == b"GGUF"
-    self.kv = {self._string(): self._value(self._unpack("<I")) for _ in range(struct.unpack_from("<Q", self.data, 16)[0])}
-
-  def _unpack(self, fmt: str):
-    self.pos += struct.calcsize(fmt)
-    return struct.unpack_from(fmt, self.data, self.pos - struct.calcsize(fmt))[0]
-
-  def _string(self) -> str:
-    n = self._unpack("<Q")
-    self.pos += n
-    return self.data[self.pos - n:self.pos].decode()
-
-  def _value(self, kind: int):
-    if kind == 8: return self._string()
-    if kind != 9: return self._array(kind, 1)[0]
-    item, n = self._unpack("<I"), self._unpack("<Q")
-    return [self._string() for _ in range(n)] if item == 8 else self._array(item, n)
-
-  def _array(self, kind: int, n: int) -> list:
-    values = np.frombuffer(self.data, self.SCALARS[kind], n, self.pos)
-    self.pos += values.nbytes
-    return values.tolist()
-
-  def __contains__(self, key: str) -> bool: return key in self.kv
-  def get(self, key: str, default=None): return self.kv.get(key, default)
-  def require(self, key: str): return self.kv[key]
-
 @functools.cache
-def vocab_tokenizer(path: Path) -> Tokenizer: return Tokenizer.from_gguf(GGUFMetadata(path))
+def vocab_tokenizer(path: Path) -> Tokenizer: return Tokenizer.from_gguf(GGUFFile(path))
 
 def vocab_cases(path: Path) -> list[tuple[str, list[int]]]:
   """Inputs split as llama.cpp's test-tokenizer-0 splits them, with the expected ids, one line each."""
