@@ -13,15 +13,19 @@ GB/s each reached:
   matvec_sizes:
     2048x4x2x64x4: {sizes: '64,1,2,1', gb_s: 624.9}
 """
+import contextlib
+import hashlib
+import json
 import os
 import platform
 import re
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 import yaml
 from tinygrad import Device
-from tinygrad.helpers import NUM_CPU_THREADS
-from ops.cache import write_whole
+from tinygrad.helpers import DEV, NUM_CPU_THREADS
+from ops.cache import cache_dir, write_whole
 from profiles.hints import HINTS, Hints, check, from_env, from_manifest, resolve
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes
@@ -29,6 +33,23 @@ from quant.matvec_opts import Sizes, parse_gpu_sizes
 PROFILES = Path(__file__).parent
 
 class ProfileError(ValueError): pass
+
+def select_device() -> str:
+  """tinygrad's default device. To choose it, tinygrad imports and tries every backend it has in turn (most of a second
+  on a machine with the CPU alone), so the choice is kept in the cache directory, for this machine's name, its device
+  files and the tinygrad version, and taken from there while that backend opens. DEV, where set, wins as in tinygrad."""
+  if DEV.device: return Device.DEFAULT
+  path, key = cache_dir() / "device.json", None
+  with contextlib.suppress(Exception):   # anything amiss with the kept choice: tinygrad chooses
+    key = hashlib.sha256(repr((version("tinygrad"), platform.node(), sorted(os.listdir("/dev")))).encode()).hexdigest()
+    if isinstance(dev := json.loads(path.read_text()).get(key), str):
+      Device[dev]
+      DEV.value = os.environ["DEV"] = dev
+      return dev
+  dev = Device.DEFAULT
+  if key is not None:
+    with contextlib.suppress(OSError): write_whole(path, json.dumps({key: dev}))
+  return dev
 
 def device_name() -> str:
   """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ..., 2 cores' (the cores its kernels are split

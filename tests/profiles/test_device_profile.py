@@ -1,4 +1,8 @@
 """Device profiles: found by the device's name, merged and written whole, validated with the file and line of a mistake."""
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 import pytest
 from profiles.device import ProfileError, device_profile, load, profile_path, save_matvec_sizes, tuned_sizes
@@ -47,3 +51,18 @@ def test_bad_profiles_name_the_file_and_line(tmp_path: Path, text: str, error: s
   path.write_text(text)
   with pytest.raises(ProfileError) as e: load(path)
   assert str(e.value).startswith(f"{path}{error}"), str(e.value)
+
+def test_the_chosen_device_is_kept_per_machine(tmp_path: Path):
+  """Without DEV, the first process takes tinygrad's choice of device and keeps it; a later one takes the kept choice
+  without tinygrad trying every backend (none but the CPU's module is imported); a kept device that does not open is
+  chosen again."""
+  env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"TINYZOO_CACHE": str(tmp_path)}
+  probe = ("from profiles.device import select_device; import sys; d = select_device(); "
+           "print(d, sorted(m.rsplit('_', 1)[1] for m in sys.modules if m.startswith('tinygrad.runtime.ops_')))")
+  run = lambda: subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120).stdout.split(maxsplit=1)
+  first, later = run(), run()
+  kept = json.loads((tmp_path / "device.json").read_text())
+  assert first[0] == later[0] and list(kept.values()) == [first[0]], (first, later, kept)
+  assert later[1].strip() == f"['{first[0].lower()}']" and first[1] != later[1], (first, later)
+  (tmp_path / "device.json").write_text(json.dumps({k: "NOSUCH" for k in kept}))
+  assert run() == first and json.loads((tmp_path / "device.json").read_text()) == kept
