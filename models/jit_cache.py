@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from tinygrad import Tensor
 from tinygrad.device import Buffer
-from tinygrad.engine.jit import _TinyJit
+from tinygrad.engine.jit import CapturedJit, _TinyJit
 from tinygrad.uop.ops import Ops, UOp, buffers
 from ops.cache import cache_dir, write_whole
 
@@ -86,6 +86,12 @@ class _Writer(pickle.Pickler):
     self.bufs = {u.buffer: name for u, name in self.uops.items()}
     self.written = written
 
+  def reducer_override(self, obj: Any):
+    """A captured JIT goes with the buffers it writes, which it would otherwise work out from every call again at its
+    first replay (most of the replay's time)."""
+    if type(obj) is not CapturedJit: return NotImplemented
+    return _captured, (obj.ret, obj._linear, obj.expected_names, obj.expected_input_info, obj._written_uops)
+
   def persistent_id(self, obj: Any):
     if isinstance(obj, UOp) and obj.op is Ops.BUFFER and obj in buffers:   # a device buffer (not a kernel's registers)
       if obj in self.uops: return ("state-uop", self.uops[obj])
@@ -95,6 +101,11 @@ class _Writer(pickle.Pickler):
       if obj in self.written: return ("scratch", id(obj), obj.device, obj.size, obj.dtype, obj.options)
       if obj.nbytes > MAX_OTHER_BYTES: raise NotCacheable(f"a buffer of {obj.nbytes / 2**20:.0f} MiB outside the model's state")
     return None
+
+def _captured(ret, linear: UOp, names: list, inputs: list, written: set[UOp]) -> CapturedJit:
+  jit = CapturedJit(ret, linear, names, inputs)
+  jit.__dict__["_written_uops"] = written   # its cached_property's value
+  return jit
 
 class _Reader(pickle.Unpickler):
   def __init__(self, f, state: dict[str, Tensor]):
