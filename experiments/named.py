@@ -95,12 +95,12 @@ def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
     raise ExperimentError(f"{exp.name} has no variant {sorted(unknown)[0]!r} (variants: {', '.join(v.name for v in exp.all_variants)})")
   return [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
 
-def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig = BenchConfig(),
+def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig | None = None,
         only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
   """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
   experiment's), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline. Returns the
   records."""
-  chosen = chosen_variants(exp, only)
+  chosen, base = chosen_variants(exp, only), base or BenchConfig()   # made here: its hints' defaults choose tinygrad's device
   name = model or exp.model
   path = model_path(name)
   run_id = f"{exp.name}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
