@@ -3,6 +3,7 @@ nothing, with the same tokens; any change of key misses; a damaged or partial en
 store stays under its limit."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +33,16 @@ def generate(path: Path, store: JitStore | None, hints: dict | None = None, ctx:
   rt.keep_jits(sampler)
   return rt, tokens
 
+@pytest.fixture(scope="module")
+def first_run(model: Path, tmp_path_factory) -> tuple[Runtime, list[int], JitStore]:
+  """A first run into an empty store (its runtime, tokens and store), made once: tests start from a copy of its store."""
+  store = JitStore(tmp_path_factory.mktemp("first") / "jits")
+  return *generate(model, store), store
+
+def stored(first_run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
+  """A copy of the first run's store, the state a test's own first run left before, and that run's tokens."""
+  return JitStore(Path(shutil.copytree(first_run[2].root, tmp_path / "jits"))), first_run[1]
+
 LATER_RUN = """
 import json, os, sys
 from pathlib import Path
@@ -50,13 +61,13 @@ rt.warm_up(sampler)
 print(json.dumps({"cached": sorted(rt.cached), "tokens": list(rt.generate(PROMPT, N, sampler))}))
 """
 
-def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, tmp_path: Path):
+def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, first_run, tmp_path: Path):
   """The later run is another process with tinygrad's compile cache off and, once the model is loaded (its weights'
   packing kernels compile in any run), any compile an error (ASSERT_COMPILE): it takes prefill, head, decode and the
   sampler's JIT from the store, and its tokens are those of the first run and of a run without the store."""
-  store = JitStore(tmp_path / "jits")
-  first, tokens = generate(model, store)
+  first, tokens, store = first_run
   assert first.cached == set(ALL_JITS) and len(store.entries()) == 4 and store.notes == []
+  store, _ = stored(first_run, tmp_path)
   assert generate(model, None)[1] == tokens
   env = {**os.environ, "PYTHONPATH": str(ROOT), "CCACHE": "0"}
   r = subprocess.run([sys.executable, "-c", LATER_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
@@ -74,9 +85,8 @@ def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path,
   assert rt.cached == set(ALL_JITS) and tokens == want and store.notes == []
 
 @pytest.mark.parametrize("change", [{"hints": {"row_upcast": 4}}, {"ctx": 80}])
-def test_any_change_of_key_misses(model: Path, tmp_path: Path, change: dict):
-  store = JitStore(tmp_path / "jits")
-  _, tokens = generate(model, store)
+def test_any_change_of_key_misses(model: Path, first_run, tmp_path: Path, change: dict):
+  store, tokens = stored(first_run, tmp_path)
   rt, changed = generate(model, store, **change)
   assert len(store.entries()) == 8 and changed == tokens and store.notes == []
 
@@ -89,9 +99,8 @@ def damage(path: Path, how: str) -> None:
   elif how == "garbage": path.write_bytes(MAGIC + os.urandom(32) + os.urandom(1000))
 
 @pytest.mark.parametrize("how", ["truncated", "flipped", "other version", "empty", "garbage"])
-def test_a_damaged_entry_is_removed_and_captured_again(model: Path, tmp_path: Path, how: str):
-  store = JitStore(tmp_path / "jits")
-  _, tokens = generate(model, store)
+def test_a_damaged_entry_is_removed_and_captured_again(model: Path, first_run, tmp_path: Path, how: str):
+  store, tokens = stored(first_run, tmp_path)
   for path, _, _ in store.entries(): damage(path, how)
   rt, again = generate(model, store)
   assert again == tokens and len(store.notes) == 4 and all("was unusable" in n for n in store.notes)
@@ -99,11 +108,10 @@ def test_a_damaged_entry_is_removed_and_captured_again(model: Path, tmp_path: Pa
   store.notes.clear()
   assert generate(model, store)[1] == tokens and store.notes == []
 
-def test_an_interrupted_write_leaves_no_entry(model: Path, tmp_path: Path, monkeypatch):
+def test_an_interrupted_write_leaves_no_entry(first_run, tmp_path: Path, monkeypatch):
   """A write stopped before its rename leaves neither an entry nor its temporary file; two writers of one key at once
   each leave a whole entry, the last one's."""
-  store = JitStore(tmp_path / "jits")
-  rt, tokens = generate(model, store)
+  rt, store = first_run[0], stored(first_run, tmp_path)[0]
   store.clear()
   def stopped(*_): raise KeyboardInterrupt
   monkeypatch.setattr(os, "replace", stopped)
@@ -115,9 +123,8 @@ def test_an_interrupted_write_leaves_no_entry(model: Path, tmp_path: Path, monke
   for w in writers: w.join()
   assert [p.name for p in store.root.iterdir()] == ["k.jit"] and store.load("k", rt._state()) is not None and store.notes == []
 
-def test_the_store_keeps_under_its_limit_the_most_recently_used(model: Path, tmp_path: Path):
-  store = JitStore(tmp_path / "jits")
-  rt, _ = generate(model, store)
+def test_the_store_keeps_under_its_limit_the_most_recently_used(first_run, tmp_path: Path):
+  rt, store = first_run[0], stored(first_run, tmp_path)[0]
   sizes = {p.name: size for p, size, _ in store.entries()}
   state = rt._state()
   small = JitStore(store.root, limit=sum(sizes.values()) - 1)
