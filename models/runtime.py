@@ -150,9 +150,10 @@ class Runtime:
 
   def prefill(self, ids: list[int]) -> Tensor:
     """Runs the prompt from position 0 and returns the logits of its last token: through decode steps if it has at most
-    `prefill_steps` tokens, else in chunks (`prefill_chunks`)."""
+    `prefill_steps` tokens, else in chunks (`prefill_chunks`). Under ggml rounding, which mirrors llama.cpp's batch, the
+    prompt runs in chunks as llama.cpp's does."""
     if not ids: raise ValueError("empty prompt")
-    if len(ids) > self.hints.prefill_steps: return self.prefill_chunks(ids)
+    if len(ids) > self.hints.prefill_steps or self.hints.rounding == "ggml": return self.prefill_chunks(ids)
     self.check_fits(len(ids))
     for pos, token in enumerate(ids): logits = self.decode(token, pos)
     return logits

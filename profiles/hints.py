@@ -121,7 +121,8 @@ HINTS: dict[str, Hint] = {
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
                         "128 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
   "prefill_steps": Hint(8, _count, "prompts of at most N tokens run as N decode steps instead of a padded prefill chunk: a "
-                        "step costs about a ninth of a chunk's time (128 rows on the CPU, 512 on a GPU; 0: every prompt in chunks)",
+                        "step costs about a ninth of a chunk's time (128 rows on the CPU, 512 on a GPU; 0: every prompt in chunks). Not under "
+                        "ggml rounding, whose prompt runs in chunks as llama.cpp's batch does",
                         metavar="N"),
   "expert_tile": Hint(lambda: 8 if _on_cpu() else 32, _positive, "rows of a prompt chunk's MoE GEMM that share an expert: the "
                       "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "

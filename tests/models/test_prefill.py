@@ -65,7 +65,7 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
 
 def test_a_short_prompt_runs_as_decode_steps(rng: np.random.Generator):
   """A prompt of at most `prefill_steps` tokens gives the logits of the decode steps it runs (no chunk is captured); a
-  longer one runs in chunks; 0 chunks every prompt."""
+  longer one runs in chunks; 0, or ggml rounding, chunks every prompt."""
   rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": CHUNK, "prefill_steps": 4}), max_context=40)
   ids = rng.integers(10, rt.cfg.vocab_size, size=5).tolist()
   want = token_by_token(rt, ids)
@@ -73,9 +73,10 @@ def test_a_short_prompt_runs_as_decode_steps(rng: np.random.Generator):
   assert rt._prefill.cnt == 0
   for _ in range(2): rt.prefill(ids).realize()
   assert rt._prefill.captured is not None
-  chunked = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": CHUNK, "prefill_steps": 0}), max_context=40)
-  chunked.prefill(ids[:1]).realize()
-  assert chunked._prefill.cnt == 1 and chunked._decode.cnt == 0
+  for hints in ({"prefill_steps": 0}, {"rounding": "ggml"}):   # ggml rounding runs a prompt as llama.cpp's batch
+    chunked = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": CHUNK, **hints}), max_context=40)
+    chunked.prefill(ids[:1]).realize()
+    assert chunked._prefill.cnt == 1 and chunked._decode.cnt == 0, hints
 
 def test_prefill_chunk_is_bounded_by_the_context():
   rt = Runtime(resolve_model("llama3.2-1b-tiny"), resolve({"prefill_chunk": 4096}), max_context=24)
