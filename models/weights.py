@@ -73,16 +73,16 @@ class Weights:
 
   def projections(self, names: list[str]) -> "Projections":
     """Linear layers reading one input: with `fuse`, those of one GGML type become a single matmul over their joined rows."""
-    types = [self._check(f"{n}.weight").ggml_type for n in names]
+    infos = [self._check(f"{n}.weight") for n in names]
     biases = [self._bias(n) for n in names]
     groups: dict = {}
-    for i, t in enumerate(types): groups.setdefault(t if self.hints.fuse else i, []).append(i)
+    for i, info in enumerate(infos): groups.setdefault(info.ggml_type if self.hints.fuse else i, []).append(i)
     fused = []
     for members in groups.values():
       weight = self._load_joined([f"{names[i]}.weight" for i in members])
       joined = [names[i] for i in members]
       fused.append((members, self.over(weight, _joined_name(joined), self._joined_bias(joined, [biases[i] for i in members]))))
-    return Projections(fused, [self.g.tensors[f"{n}.weight"].shape[-2] for n in names])
+    return Projections(fused, [info.shape[-2] for info in infos])
 
   def over(self, w: QTensor, name: str, bias: Tensor | None = None) -> QuantLinear:
     """A linear layer over an already loaded tensor (a tied output projection reads the embedding table)."""

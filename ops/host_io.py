@@ -24,8 +24,8 @@ def upload(host: np.ndarray, device: str | None = None) -> Tensor:
 class DeviceSlot:
   """A realized device tensor of fixed shape and dtype whose contents the host replaces; pass `.tensor` to a TinyJit."""
   def __init__(self, shape: tuple[int, ...], dtype: DType, device: str | None = None):
-    self.tensor = Tensor.zeros(*shape, dtype=dtype, device=device).contiguous().realize()
     self._host = np.zeros(shape, dtype=_to_np_dtype(dtype))
+    self.tensor = upload(self._host, device)
     self._buf: Buffer = self.tensor.uop.base.buffer
 
   def write(self, values) -> Tensor:
