@@ -391,7 +391,9 @@ def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   return tinygrad_heuristic(tuned)
 
 LOGIT_LANES, LOGIT_POSITIONS = 8, 16
-LOGIT_HEADS = 16      # query heads a thread takes at most
+# query heads a thread takes at most: more (10 of GLM-4.7-Flash's 20 latent heads, 16 of DeepSeek-V2-Lite's) leave a
+# thread summing them in turn over 576-wide keys, the kernel's time where few positions give few workgroups
+LOGIT_HEADS = 4
 LOGIT_UNROLLED = 128  # at most these terms a thread sums in one step: unrolled reduces, query heads and the unrolled steps
 
 def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:

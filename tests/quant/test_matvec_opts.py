@@ -431,12 +431,13 @@ def _split_latent_attention(H: int, rank: int, rope: int, split: int, device: st
     return ref_attention(q, kv, kv[..., :rank], pos, 0.1)
   return step, want
 
-@pytest.mark.parametrize("heads, per_thread", [(16, 16), (20, 10)])
+@pytest.mark.parametrize("heads, per_thread", [(16, 4), (20, 4)])
 def test_gpu_split_latent_attention_keeps_few_sums_a_thread(heads: int, per_thread: int, row_upcast, rng: np.random.Generator):
   """DeepSeek-V2-Lite's (16 heads) and GLM-4.7-Flash's (20) latent attention split in parts, at the real width (512 +
-  64): a thread's logits and value sums take the query heads of a position, up to 16 that divide them (20 took one
-  each, so that each key was read 20 times), and a part's chunks stay a loop where unrolling them beside the heads
-  would sum more than 128 terms a step (the value sums had unrolled 8 chunks of 4 steps for 16 heads: 512 exps a
+  64): a thread's logits and value sums take the query heads of a position, up to 4 that divide them (one each read
+  each key 20 times; 10 or 16 left a thread summing them in turn, the kernel's time at depth 0: on an H100, a 4-block
+  GLM-4.7-Flash took 0.87 ms a token at 10, 0.55 at 4), and a part's chunks stay a loop where unrolling them beside the
+  heads would sum more than 128 terms a step (the value sums had unrolled 8 chunks of 4 steps for 16 heads: 512 exps a
   thread, 112 us a block at depth 4,096 on an H100, at the profile's parts of 8 chunks)."""
   from tinygrad.uop.ops import UOp
   row_upcast(8)
@@ -456,7 +457,7 @@ def test_gpu_split_latent_attention_is_right_with_workgroups(row_upcast, rng: np
   jit = TinyJit(lambda pos: step(pos).realize())
   for pos in (3, 258, 259):
     np.testing.assert_allclose(jit(UOp.variable("pos", 0, 511).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5, err_msg=f"pos {pos}")
-  assert any(o.op is OptOps.UPCAST and o.arg == 10 for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
+  assert any(o.op is OptOps.UPCAST and o.arg == 4 for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
 
 @pytest.mark.parametrize("rows, per_thread", [(5120, 4), (1536, 1)])
 def test_gpu_folded_norm_halves_rows_only_for_small_kernels(rows: int, per_thread: int, row_upcast, rng: np.random.Generator):
