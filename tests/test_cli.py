@@ -106,6 +106,17 @@ def test_unsupported_architecture(tmp_path: Path, rng: np.random.Generator):
   assert_one_line_error(tinyzoo("run", str(path), "-p", "hi"),
                         "unsupported architecture 'bert' (supported: deepseek2, gemma3, gpt-oss, llama, qwen3)")
 
+def test_logits_sizes_an_unset_prompt_chunk_to_its_longest_prompt():
+  """`logits` knows its prompts before it loads: a prompt chunk that no flag, profile or manifest sets holds the longest
+  in a power of two of at least 16 rows, at most the default (128 on the CPU), where a short prompt had been padded to
+  the whole default chunk; a chunk set by a flag stays."""
+  from tinyzoo.cli import parser
+  from tinyzoo.run import load
+  for extra, longest, rows in (([], 5, 16), ([], 40, 64), ([], 1000, 128), (["--prefill-chunk", "24"], 5, 24)):
+    rt = load(parser().parse_args(["logits", "smollm2-135m-tiny", "-p", "hi", "--no-cache", "--ctx", "2048", *extra]), longest)
+    assert (rt.chunk, rt.hints.sources["prefill_chunk"]) == (rows, "runtime"), (extra, longest)
+  assert load(parser().parse_args(["logits", "smollm2-135m-tiny", "-p", "hi", "--no-cache"])).hints.sources["prefill_chunk"] == "default"
+
 SUMMARY = (r"load [0-9.]+ s \| compile ([0-9.]+) s \((.+)\) \| first token ([0-9.]+) s after loading \| "
            r"prompt \d+ tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| \d+ kernels/token")
 

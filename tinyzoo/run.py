@@ -3,15 +3,23 @@ import json
 import sys
 import time
 from models.catalog import resolve_model
+from models.config import ModelConfig
 from models.jit_cache import JitStore
 from models.runtime import ALL_JITS, Runtime, Timing
+from models.tokenizer import Tokenizer
 from ops.sampling import Sampler, SamplerParams
+from quant.gguf_file import GGUFFile
 
-def load(args) -> Runtime:
-  """The model built from its resolved kernel hints, with the JITs earlier runs kept unless --no-cache."""
+def load(args, longest: int | None = None) -> Runtime:
+  """The model built from its resolved kernel hints, with the JITs earlier runs kept unless --no-cache. `longest`: the
+  longest prompt the run will take, where it is known before loading; a prompt chunk no flag, profile or manifest sets
+  is then sized to it (a power of two of at least 16 rows, at most the default), since a short prompt padded to a whole
+  chunk pays for every row."""
   from tinyzoo.cli import model_hints
-  return Runtime(path := resolve_model(args.model), model_hints(args, path), args.ctx, progress=sys.stderr.isatty(),
-                 jits=None if args.no_cache else JitStore())
+  hints = model_hints(args, path := resolve_model(args.model))
+  if longest is not None and hints.sources["prefill_chunk"] == "default":
+    hints = hints.with_runtime(prefill_chunk=min(hints.prefill_chunk, max(16, 1 << (longest - 1).bit_length())))
+  return Runtime(path, hints, args.ctx, progress=sys.stderr.isatty(), jits=None if args.no_cache else JitStore())
 
 def keep(rt: Runtime, sampler: Sampler | None = None) -> None:
   """Stores the JITs this run captured, saying what could not be kept or was rebuilt."""
@@ -50,11 +58,13 @@ def cmd_run(args) -> None:
 
 def cmd_logits(args) -> None:
   if not args.cases: raise ValueError("give at least one -p PROMPT or --tokens IDS")
-  rt = load(args)
+  g = GGUFFile(resolve_model(args.model))
+  tokenizer, vocab_size = Tokenizer.from_gguf(g), ModelConfig.from_gguf(g).vocab_size
+  prompts = [tokenizer.encode(value) if kind == "prompt" else parse_ids(value, vocab_size) for kind, value in args.cases]
+  rt = load(args, max(map(len, prompts)))
   greedy = Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
   cases = []
-  for kind, value in args.cases:
-    ids = rt.tokenizer.encode(value) if kind == "prompt" else parse_ids(value, rt.cfg.vocab_size)
+  for (kind, value), ids in zip(args.cases, prompts):
     rt.check_fits(len(ids), args.greedy)
     logits = rt.prefill(ids)
     values = logits.numpy()[0]

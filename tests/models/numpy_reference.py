@@ -1,12 +1,22 @@
 """An independent float64 numpy forward pass of the dense architectures, weights dequantized by gguf.quants."""
+import functools
+import os
 import numpy as np
 from gguf import quants
 from quant.gguf_file import GGUFFile
 
 def _weight(g: GGUFFile, name: str) -> np.ndarray:
-  t = g.tensors[name]
-  raw = g.raw(name).reshape(*t.shape[:-1], -1)
-  return quants.dequantize(raw, t.ggml_type).reshape(t.shape).astype(np.float64)
+  kept = _kept(g.path, os.stat(g.path).st_mtime_ns)
+  if name not in kept:
+    t = g.tensors[name]
+    kept[name] = quants.dequantize(g.raw(name).reshape(*t.shape[:-1], -1), t.ggml_type).reshape(t.shape)
+  return kept[name].astype(np.float64)
+
+@functools.lru_cache(maxsize=1)
+def _kept(path: str, mtime_ns: int) -> dict[str, np.ndarray]:
+  """The weights of the file read last, as gguf.quants dequantizes them: a model's tests each draw other token ids,
+  while dequantizing a real model's weights is most of a forward pass."""
+  return {}
 
 def _rope(x: np.ndarray, pos: np.ndarray, base: float, interleaved: bool) -> np.ndarray:
   hd = x.shape[-1]
