@@ -16,9 +16,9 @@ def rng(seed: int) -> np.random.Generator: return np.random.default_rng(seed)
 # what the runtime and the CLI install before they compile anything; tests of single ops compile kernels too
 patches.install()
 
-# Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker: the kernels they share
-# are compiled once (tinygrad caches programs per process) instead of once in each worker. Every other test is a unit of
-# its own, spread as xdist's default `load` spreads them.
+# Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker, and so do the other
+# tests of one module: the kernels they share are compiled once (tinygrad caches programs per process) instead of once in
+# each worker.
 def preset_of(nodeid: str) -> str | None:
   from models.synth import PRESETS
   params = nodeid.partition("[")[2]
@@ -29,5 +29,5 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
   if config.getoption("dist") != "load": return None
   from xdist.scheduler import LoadScopeScheduling
   class ByPreset(LoadScopeScheduling):
-    def _split_scope(self, nodeid: str) -> str: return preset_of(nodeid) or nodeid
+    def _split_scope(self, nodeid: str) -> str: return preset_of(nodeid) or nodeid.partition("::")[0]
   return ByPreset(config, log)
