@@ -110,16 +110,20 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   lins = [kind(QTensor.from_bytes(raw, t, shape), strategy=strategy) for raw in raws]
   x_np = rng.standard_normal((k if mixed else 1, cols), dtype=np.float32)
   x = Tensor(x_np).realize()
-  int8 = lins[0].int8 and not experts   # expert matmuls read x as it is
+  int8 = lins[0].int8
   x_seen = round_activations(x, t, "ggml").numpy() if int8 else x_np
   chosen = [rng.choice(n, k, replace=False) for _ in lins]   # a dense weight is its one expert
   sels = [Tensor(c.astype(np.int32)).realize() for c in chosen] if experts else [None] * copies
   mix_np = rng.random(k, dtype=np.float32)
   mix = Tensor(mix_np).realize()
 
-  def matvec(lin, v: Tensor, sel: Tensor | None) -> Tensor:
-    if mixed: return lin.mixed(v.unsqueeze(0), sel.unsqueeze(0), mix.unsqueeze(0))[0]
-    y = lin(v)[0] if sel is None else lin(v.unsqueeze(0), sel.unsqueeze(0))[0]   # [rows] or [K, rows]
+  def given(v: Tensor) -> Tensor | Int8Rows:
+    """x as the matmuls read it: [1, cols] (dense) or [1, 1 or K, cols] (experts), quantized where int8 (for them all)."""
+    v = v if experts is None else v.unsqueeze(0)
+    return Int8Rows.quantize(v) if int8 else v
+  def matvec(lin, v: Tensor | Int8Rows, sel: Tensor | None) -> Tensor:
+    if mixed: return lin.mixed(v, sel.unsqueeze(0), mix.unsqueeze(0))[0]
+    y = lin(v)[0] if sel is None else lin(v, sel.unsqueeze(0))[0]   # [rows] or [K, rows]
     return swiglu.of_pairs(y.unflatten(-1, (2, -1))) if act else y
   # the first weight's chosen experts [K, rows, cols] against x (one row per expert where mixed, else one for all)
   w0 = gguf_quants.dequantize(raws[0].reshape(n, rows, -1)[chosen[0]], t).astype(np.float64)
@@ -130,10 +134,8 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   want = mix_np.astype(np.float64) @ want if mixed else want if experts else want[0]
 
   def step(v: Tensor) -> Tensor:
-    if not int8: return [matvec(lin, v, sel).realize() for lin, sel in zip(lins, sels)][-1]
-    xq = Int8Rows.quantize(v)
-    xq.blocks.realize()
-    return [lin(xq)[0].realize() for lin in lins][-1]
+    if isinstance(xs := given(v), Int8Rows): xs.blocks.realize()
+    return [matvec(lin, xs, sel).realize() for lin, sel in zip(lins, sels)][-1]
   read = sum(t.nbytes() for lin in lins for t in lin.device_tensors) * k // n
   name = f"gemv {ggml_type} {rows}x{cols}" + (f" experts {k} of {n}{' mixed' if mixed else ''}" if experts else "") + " swiglu" * act
   copy, records = copy_bandwidth(), []
@@ -141,7 +143,7 @@ def gemv_bandwidth(ggml_type: str, rows: int, cols: int, strategy: str = "packed
   for sizes in sweep or [None]:
     with (kernels := kernel_settings(row_upcast, tuned, sizes, pdl, prefetch)):   # one kernel per weight, as in a model
       m = steady_state(step, x, iters=iters)
-      err = float(np.abs(matvec(lins[0], x, sels[0]).numpy() - want).max() / np.abs(want).max())
+      err = float(np.abs(matvec(lins[0], given(x), sels[0]).numpy() - want).max() / np.abs(want).max())
     compiled_shapes = kernels.heuristic.compiled_shapes if kernels.heuristic is not None else []
     gb_s = read / m.pipelined_ms / 1e6   # device time: the host's time per synchronized call would swamp small weights
     switches = {"strategy": strategy, **({"gpu_matvec": ",".join(map(str, sizes))} if sizes else {}), **({"pdl": True} if pdl else {}),

@@ -32,11 +32,12 @@ def dp4a(a: Tensor, b: Tensor) -> Tensor:
   return Tensor(UOp(Ops.CUSTOMI, dtypes.int32, (a.uop, b.uop), arg=NAME + "({0}, {1})"))
 
 def _per_lane(op: UOp) -> UOp | None:
-  """A CUSTOMI over a vector as one CUSTOMI a lane, its sources broadcast along their axes of size 1 (tinygrad's
-  do_devectorize, which keeps no dtype that CUSTOMI cannot infer, and wants broadcasts unpacked first)."""
-  if op.shape == () or any(len(s.shape) != len(op.shape) for s in op.src): return None
+  """A CUSTOMI over a vector as one CUSTOMI a lane, its sources broadcast along their axes of size 1, a scalar source to
+  every lane (tinygrad's do_devectorize, which keeps no dtype that CUSTOMI cannot infer, and wants broadcasts unpacked
+  first)."""
+  if op.shape == () or any(len(s.shape) not in (0, len(op.shape)) for s in op.src): return None
   def lane(s: UOp, at: tuple[int, ...]) -> UOp:
-    return s.index(*[UOp.const(i if n > 1 else 0) for i, n in zip(at, s.shape)])
+    return s if s.shape == () else s.index(*[UOp.const(i if n > 1 else 0) for i, n in zip(at, s.shape)])
   lanes = [op.replace(src=tuple(lane(s, at) for s in op.src)) for at in itertools.product(*[range(n) for n in op.shape])]
   return UOp.stack(*lanes).reshape(op.shape)
 

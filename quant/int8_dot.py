@@ -52,17 +52,22 @@ class Int8Rows:
   @property
   def sums(self) -> Tensor: return self._float(9)
 
-def int8_dot(w: WordBlocks, x: Int8Rows) -> Tensor:
-  """w of a type in INT8_TYPES [..., O, nb, words], x [..., in] quantized -> [..., O] float32."""
+def int8_dot(w: WordBlocks, x: Int8Rows, sel: Tensor | None = None, mix: Tensor | None = None) -> Tensor:
+  """w of a type in INT8_TYPES [..., O, nb, words], x [..., in] quantized -> [..., O] float32. With sel [..., k] the words
+  are [experts, O, nb, words] and only the selected experts are read: x [..., k or 1, in] -> [..., k, O]; with mix
+  [..., k] as well, their outputs summed with those weights -> [..., O], one sum over experts and blocks."""
   if w.ggml_type not in INT8_TYPES:
     raise ValueError(f"int8_dot has no integer form for {w.ggml_type.name} (only {', '.join(t.name for t in INT8_TYPES)})")
+  # a word's expression is gathered, not the words: those would be copied out by a kernel of their own first
+  def chosen(t: Tensor) -> Tensor: return t if sel is None else t[sel]
   xw = x.words.unsqueeze(-3)   # [..., 1, nb, 8]: one x for every row
-  if w.bits == 8: dots = dp4a(w.words, xw)
-  else: dots = dp4a(w.words & LOW_NIBBLES, xw[..., :4]) + dp4a((w.words >> 4) & LOW_NIBBLES, xw[..., 4:])
+  if w.bits == 8: dots = dp4a(chosen(w.words), xw)
+  else: dots = dp4a(chosen(w.words & LOW_NIBBLES), xw[..., :4]) + dp4a(chosen((w.words >> 4) & LOW_NIBBLES), xw[..., 4:])
   words = w.words.shape[-1]
   scale, sums = x.scale.unsqueeze(-2).unsqueeze(-1), x.sums.unsqueeze(-2).unsqueeze(-1)   # [..., 1, nb, 1]
   y = dots.cast(dtypes.float32) * scale
   if w.ggml_type is T.Q4_0: y = y - sums * (8 / words)
-  y = y * w.d.cast(dtypes.float32).unsqueeze(-1)
-  if w.m is not None: y = y + w.m.cast(dtypes.float32).unsqueeze(-1) * sums / words
-  return y.sum(axis=(-2, -1))
+  y = y * w.per_word(w.d, sel).cast(dtypes.float32)
+  if w.m is not None: y = y + w.per_word(w.m, sel).cast(dtypes.float32) * sums / words
+  if mix is None: return y.sum(axis=(-2, -1))
+  return (y * mix.reshape(*mix.shape, 1, 1, 1)).sum(axis=(-4, -2, -1))

@@ -8,8 +8,8 @@
 - fused: the full dequantize expression (nibbles interleaved back into logical order) inside the matmul.
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
 - int8_dot: packed_words against x quantized to 8 bits a block, summed in integers four products at a time (dp4a),
-  as llama.cpp's CUDA matvecs do (quant/int8_dot.py); for dense matmuls of Q4_0, Q4_1 and Q8_0, whose activations it
-  rounds as ggml's Q8_0 does. Expert matmuls and other types read as packed_words.
+  as llama.cpp's CUDA matvecs do (quant/int8_dot.py); for matmuls (expert ones too) of Q4_0, Q4_1 and Q8_0, whose
+  activations it rounds as ggml's Q8_0 does. Other types read as packed_words.
 - split: the dequantize is made `.contiguous()` on every call, then a plain matmul: two kernels, the second a GEMV
   tinygrad optimizes well, at the price of writing and reading the weights in fp32 (seed 003's "selective split").
 """
@@ -120,7 +120,7 @@ class _PackedWeight:
     self.weight, self.bias, self.strategy, self.rounding, self.prefill = weight, bias, strategy, rounding, prefill
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
     self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") else None
-    self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # dense matmuls read x in 8 bits
+    self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # matmuls that read x in 8 bits
 
   def gemm_rows(self, x: Tensor | NormedInput) -> bool:
     """Whether x holds several rows for each matrix (a prompt chunk) that a prefill GEMM multiplies."""
@@ -163,11 +163,10 @@ class _PackedWeight:
     return (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
 
   def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
-    dense_int8 = self.int8 and sel is None
-    if isinstance(x, Int8Rows) and not dense_int8:
-      raise ValueError(f"activations in 8 bits need a dense int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
+    if isinstance(x, Int8Rows) and not self.int8:
+      raise ValueError(f"activations in 8 bits need an int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
     if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self.gemm_of(x)
-    if dense_int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x))
+    if self.int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x), sel)
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
     if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)
@@ -198,8 +197,8 @@ class QuantExperts(_PackedWeight):
     """Whether x holds several rows (a prompt chunk) for a GEMM grouped by expert (`grouped`)."""
     return self.prefill != "packed" and prod(x.shape[:-1]) > 1
 
-  def __call__(self, x: Tensor, sel: Tensor) -> Tensor:
-    """x [..., k or 1, in], sel [..., k] int -> [..., k, out]"""
+  def __call__(self, x: Tensor | Int8Rows, sel: Tensor) -> Tensor:
+    """x [..., k or 1, in] (or quantized, for int8_dot), sel [..., k] int -> [..., k, out]"""
     y = self._matmul(x, sel)
     return y if self.bias is None else y + self.bias[sel]
 
@@ -216,8 +215,10 @@ class QuantExperts(_PackedWeight):
     y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), experts, self._gemm_dtype())
     return y if self.bias is None else y + self.bias[experts].reshape(y.shape)
 
-  def mixed(self, x: Tensor, sel: Tensor, mix: Tensor) -> Tensor:
-    """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] -> [..., out]."""
-    if self.words is None: return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
-    y = self.words.dot(round_activations(x, self.weight.ggml_type, self.rounding), sel, mix)
+  def mixed(self, x: Tensor | Int8Rows, sel: Tensor, mix: Tensor) -> Tensor:
+    """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] (or quantized, for int8_dot)
+    -> [..., out]."""
+    if self.words is None or isinstance(x, Int8Rows) and not self.int8: return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
+    if self.int8: y = int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x), sel, mix)
+    else: y = self.words.dot(round_activations(x, self.weight.ggml_type, self.rounding), sel, mix)
     return y if self.bias is None else y + (self.bias[sel] * mix.unsqueeze(-1)).sum(axis=-2)

@@ -68,14 +68,14 @@ class WordBlocks:
     f = (moved(top, (1 << self.bits) - 1) | ONE).bitcast(dtypes.float32)
     return f, 1 << self.bits, (1 << self.bits) + {T.Q4_0: 8, T.Q8_0: 128}.get(self.ggml_type, 0)
 
-  def _per_word(self, field: Tensor, sel: Tensor | None) -> Tensor:
+  def per_word(self, field: Tensor, sel: Tensor | None) -> Tensor:
     """A per-block field [..., nb] as [..., nb, words], gathered by sel: broadcast before the gather, or the gathered
     field is realized by a kernel of its own."""
     field = field.unsqueeze(-1).expand(*field.shape, self.words.shape[-1])
     return field if sel is None else field[sel]
 
   def _scale(self, sel: Tensor | None) -> Tensor:
-    d = self._per_word(self.d, sel)
+    d = self.per_word(self.d, sel)
     return e8m0_half(d) * 2.0 ** 15 if self.ggml_type is T.MXFP4 else d.cast(dtypes.float32)
 
   def _blocked(self, x: Tensor) -> Tensor:
@@ -99,7 +99,7 @@ class WordBlocks:
       xs = xb.expand(products.shape).sum(axis=(-2, -1))
       y = y * a - xs * b
     y = y * self._scale(sel)
-    if self.m is not None: y = y + self._per_word(self.m, sel).cast(dtypes.float32) * xs
+    if self.m is not None: y = y + self.per_word(self.m, sel).cast(dtypes.float32) * xs
     return y.flatten(-2)
 
   def dot_and_squares(self, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:

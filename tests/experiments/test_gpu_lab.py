@@ -79,14 +79,17 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
   assert m["correct"] and m["rel_err"] < 1e-5 and m["copy_at_size_gb_s"] > 0
   with pytest.raises(ValueError, match="unknown GGML type"): gemv_bandwidth("Q3_X", 64, 256)
 
+@pytest.mark.parametrize("strategy", ["packed_words", "int8_dot"])
 @pytest.mark.parametrize("mixed,act", [(False, False), (False, True), (True, False)], ids=["gate-up", "gate-up-swiglu", "down-mixed"])
-def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixed: bool, act: bool):
+def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixed: bool, act: bool, strategy: str):
   """An expert gemv reads K of each weight's N experts as a MoE does (QuantExperts, one kernel per weight, the SwiGLU of
-  joined gate and up rows in it) and counts only their bytes; its output, every chosen expert's rows (or their
-  activations, or their weighted sum) against float64 numpy, is right."""
-  (r,) = gemv_bandwidth("Q8_0", 64, 256, "packed_words", copies=3, iters=2, experts=(8, 3), mixed=mixed, act=act)
+  joined gate and up rows in it; under int8_dot x quantized once a replay, two kernels) and counts only their bytes;
+  its output, every chosen expert's rows (or their activations, or their weighted sum) against float64 numpy on x as
+  the kernels read it, is right."""
+  (r,) = gemv_bandwidth("Q8_0", 64, 256, strategy, copies=3, iters=2, experts=(8, 3), mixed=mixed, act=act)
   m = r["metrics"]
-  assert r["model"] == "gemv Q8_0 64x256 experts 3 of 8" + " mixed" * mixed + " swiglu" * act and m["kernels"] == 3
+  assert r["model"] == "gemv Q8_0 64x256 experts 3 of 8" + " mixed" * mixed + " swiglu" * act
+  assert m["kernels"] == 3 + 2 * (strategy == "int8_dot")
   assert m["bytes"] == 3 * 3 * 64 * (256 // 32) * 34 and m["correct"] and m["rel_err"] < 1e-5
   with pytest.raises(ValueError, match="1 <= K <= N"): gemv_bandwidth("Q8_0", 64, 256, experts=(2, 3))
   with pytest.raises(ValueError, match="give experts N,K"): gemv_bandwidth("Q8_0", 64, 256, mixed=True)

@@ -57,9 +57,9 @@ def test_types_and_matmuls_without_an_integer_form(rng: np.random.Generator):
   with pytest.raises(ValueError, match="no integer form for MXFP4"): int8_dot(WordBlocks.from_blocks(mx), Int8Rows.quantize(Tensor.randn(1, 64)))
   lin = QuantLinear(mx, strategy="int8_dot")   # reads as packed_words
   assert not lin.int8 and lin(Tensor.randn(1, 64)).shape == (1, 16)
-  with pytest.raises(ValueError, match="activations in 8 bits need a dense int8_dot matmul"): lin(Int8Rows.quantize(Tensor.randn(1, 64)))
-  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_0, (4, 16, 64), rng), T.Q4_0, (4, 16, 64)), strategy="int8_dot")
-  assert experts(Tensor.randn(1, 1, 64), Tensor([[1, 3]])).shape == (1, 2, 16)   # experts read as packed_words
+  with pytest.raises(ValueError, match="activations in 8 bits need an int8_dot matmul"): lin(Int8Rows.quantize(Tensor.randn(1, 64)))
+  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.MXFP4, (4, 16, 64), rng), T.MXFP4, (4, 16, 64)), strategy="int8_dot")
+  assert not experts.int8 and experts(Tensor.randn(1, 1, 64), Tensor([[1, 3]])).shape == (1, 2, 16)   # read as packed_words
 
 def test_fp16_rounding_on_the_bits_matches_numpys(rng: np.random.Generator):
   """Q8_0's scales are fp16: rounded on the bits, since tinygrad drops a cast to float16 and back."""

@@ -99,6 +99,7 @@ def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Gener
   for x in [rng.standard_normal((3, 1, IN)), rng.standard_normal((3, K, IN))]:   # one input for all k, or one per expert
     x = x.astype(np.float32)
     got = experts(Tensor(x), Tensor(sel)).numpy()
+    if experts.int8: x = round_activations(Tensor(x), t, "ggml").numpy()   # x is read in 8 bits, rounded as ggml does
     want = np.stack([np.stack([w[e] @ x[i, min(j, x.shape[1] - 1)] for j, e in enumerate(row)]) for i, row in enumerate(sel)])
     bound = np.stack([np.stack([np.abs(w[e]) @ np.abs(x[i, min(j, x.shape[1] - 1)]) for j, e in enumerate(row)]) for i, row in enumerate(sel)])
     assert got.shape == (3, K, OUT)
@@ -122,7 +123,7 @@ def test_experts_normed_match_the_norm_then_the_experts(t: T, strategy: str, rng
                     np.stack([np.abs(w[e]) @ np.abs(normed) + np.abs(bias[e]) for e in sel[0]]), f"{t.name} {strategy}")
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.MXFP4, T.Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.Q5_K], ids=lambda t: t.name)
 def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
   """The selected experts' outputs summed with routing weights, as one expression (one reduce over experts and blocks)."""
   raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
@@ -133,6 +134,7 @@ def test_experts_mixed(t: T, strategy: str, rng: np.random.Generator):
   mix = rng.random((3, K)).astype(np.float32)
   x = rng.standard_normal((3, K, IN)).astype(np.float32)
   got = experts.mixed(Tensor(x), Tensor(sel), Tensor(mix)).numpy()
+  if experts.int8: x = round_activations(Tensor(x), t, "ggml").numpy()
   want = np.stack([sum(m * (w[e] @ x[i, j] + bias[e]) for j, (e, m) in enumerate(zip(sel[i], mix[i]))) for i in range(3)])
   bound = np.stack([sum(m * (np.abs(w[e]) @ np.abs(x[i, j]) + np.abs(bias[e])) for j, (e, m) in enumerate(zip(sel[i], mix[i]))) for i in range(3)])
   assert got.shape == (3, OUT)
@@ -163,8 +165,8 @@ def test_prefill_experts_grouped_by_expert(t: T, prefill: str, rng: np.random.Ge
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
-  """Every strategy reads only the k selected experts (packed, or from the fp16 cache; int8_dot's as packed_words), in
-  a single kernel; split writes and reads back only theirs in fp32, in a second."""
+  """Every strategy reads only the k selected experts (packed, or from the fp16 cache), in a single kernel; split writes
+  and reads back only theirs in fp32, in a second; int8_dot quantizes x first, in two."""
   experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_0, (16, OUT, IN), rng), T.Q4_0, (16, OUT, IN)), strategy=strategy)
   jit = TinyJit(lambda x, sel: experts(x, sel).realize())
   x, sel = Tensor.randn(1, 1, IN).realize(), Tensor([[3, 11]], dtype=dtypes.int32).realize()
@@ -174,7 +176,7 @@ def test_experts_read_only_selected(strategy: str, rng: np.random.Generator):
   one_expert = OUT * IN * 2 if strategy == "dequant_cache" else OUT * IN // 32 * 18
   dequantized = 2 * 2 * OUT * IN * 4 if strategy == "split" else 0   # two experts' fp32 weights, written and read back
   assert GlobalCounters.global_mem < 2.5 * one_expert + dequantized, f"moved {GlobalCounters.global_mem} bytes, one expert is {one_expert}"
-  assert count_kernels(jit) == (2 if strategy == "split" else 1)
+  assert count_kernels(jit) == (2 if strategy == "split" else 3 if experts.int8 else 1)
 
 def test_unknown_strategy(rng: np.random.Generator):
   with pytest.raises(ValueError, match="unknown matmul strategy 'nope'"):
