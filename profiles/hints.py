@@ -80,7 +80,8 @@ def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = 
 
 HINTS: dict[str, Hint] = {
   "strategy": Hint("packed_dot", _strategy, f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed "
-                   "by per-type and FFN overrides, e.g. 'packed_dot,Q6_K=split' or 'fused,ffn=split' (quant/linear.py)", metavar="SPEC"),
+                   "by per-type, FFN and MoE-expert overrides, e.g. 'packed_dot,Q6_K=split', 'fused,ffn=split' or "
+                   "'packed_words,experts=int8_dot' (quant/linear.py)", metavar="SPEC"),
   "rounding": _choice("exact", ROUNDINGS, "exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path "
                       "does: 8-bit activations into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels; matches "
                       "llama.cpp's near-ties)", run_only=True),

@@ -37,29 +37,33 @@ def _check_strategy(strategy: str) -> str:
 
 @dataclass(frozen=True)
 class StrategyPlan:
-  """Which strategy each matmul uses: `ffn` for the feed-forward weights when set, else the one for its GGML type,
-  else `default`. Written as a spec: "fused", "packed_dot,Q6_K=split" or "packed_dot,ffn=split"."""
+  """Which strategy each matmul uses: `experts` for a MoE's expert weights when set, else `ffn` for the feed-forward
+  weights (experts included) when set, else the one for its GGML type, else `default`. Written as a spec: "fused",
+  "packed_dot,Q6_K=split", "packed_dot,ffn=split" or "packed_words,experts=int8_dot"."""
   default: str = "packed_dot"
   by_type: dict[GGMLQuantizationType, str] = field(default_factory=dict)
   ffn: str | None = None
+  experts: str | None = None
 
   @staticmethod
   def parse(spec: str) -> "StrategyPlan":
-    default, by_type, ffn = "packed_dot", {}, None
+    default, by_type, parts = "packed_dot", {}, {}
     for item in filter(None, (i.strip() for i in spec.split(","))):
       key, _, value = item.rpartition("=")
       if not key: default = _check_strategy(value)
-      elif key == "ffn": ffn = _check_strategy(value)
+      elif key in ("ffn", "experts"): parts[key] = _check_strategy(value)
       elif key in GGMLQuantizationType.__members__: by_type[GGMLQuantizationType[key]] = _check_strategy(value)
-      else: raise ValueError(f"strategy spec {spec!r}: {key!r} is neither a GGML type (Q4_0, Q6_K, ...) nor 'ffn'")
-    return StrategyPlan(default, by_type, ffn)
+      else: raise ValueError(f"strategy spec {spec!r}: {key!r} is neither a GGML type (Q4_0, Q6_K, ...) nor 'ffn' nor 'experts'")
+    return StrategyPlan(default, by_type, **parts)
 
   def for_weight(self, name: str, ggml_type: GGMLQuantizationType) -> str:
+    if self.experts is not None and "_exps" in name: return self.experts
     if self.ffn is not None and ".ffn_" in name: return self.ffn
     return self.by_type.get(ggml_type, self.default)
 
   def spec(self) -> str:
-    return ",".join([self.default, *(f"{t.name}={s}" for t, s in self.by_type.items()), *([f"ffn={self.ffn}"] if self.ffn else [])])
+    return ",".join([self.default, *(f"{t.name}={s}" for t, s in self.by_type.items()),
+                     *(f"{key}={s}" for key, s in (("ffn", self.ffn), ("experts", self.experts)) if s)])
 
 def packed_dot(fmt: BlockFormat, blocks: Tensor, x: Tensor, sel: Tensor | None = None) -> Tensor:
   """blocks [..., O, nb, block_bytes], x [..., in] (leading dims broadcast) -> [..., O].

@@ -67,14 +67,21 @@ def test_config_precedence(tmp_path: Path):
   ("fused", StrategyPlan("fused")),
   ("packed_dot,Q6_K=split", StrategyPlan("packed_dot", {GGMLQuantizationType.Q6_K: "split"})),
   ("Q4_K=fused,ffn=dequant_cache,split", StrategyPlan("split", {GGMLQuantizationType.Q4_K: "fused"}, "dequant_cache")),
+  ("packed_words,experts=int8_dot", StrategyPlan("packed_words", experts="int8_dot")),
+  ("experts=int8_dot,ffn=split,Q4_K=fused", StrategyPlan("packed_dot", {GGMLQuantizationType.Q4_K: "fused"}, "split", "int8_dot")),
 ])
 def test_strategy_specs(spec: str, plan: StrategyPlan):
   assert StrategyPlan.parse(spec) == plan
   assert StrategyPlan.parse(plan.spec()) == plan
   assert plan.for_weight("blk.0.ffn_up", GGMLQuantizationType.Q4_K) == (plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
   assert plan.for_weight("blk.0.attn_q", GGMLQuantizationType.Q6_K) == plan.by_type.get(GGMLQuantizationType.Q6_K, plan.default)
+  # a MoE's experts take `experts` first, then as any feed-forward weight; its router and shared experts are no experts
+  assert plan.for_weight("blk.0.ffn_down_exps", GGMLQuantizationType.Q4_K) == (plan.experts or plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
+  for name in ("blk.0.ffn_gate_inp", "blk.0.ffn_up_shexp"):
+    assert plan.for_weight(name, GGMLQuantizationType.Q4_K) == (plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
 
 @pytest.mark.parametrize("spec, message", [("nope", "unknown matmul strategy 'nope'"), ("Q9_K=fused", "'Q9_K' is neither a GGML type"),
-                                           ("ffn=nope", "unknown matmul strategy 'nope'")])
+                                           ("ffn=nope", "unknown matmul strategy 'nope'"),
+                                           ("experts=nope", "unknown matmul strategy 'nope'"), ("attn=split", "nor 'ffn' nor 'experts'")])
 def test_bad_strategy_specs(spec: str, message: str):
   with pytest.raises(ValueError, match=message): StrategyPlan.parse(spec)
