@@ -21,10 +21,12 @@
 # bench and profile decode after 32 tokens of context unless one says +depth=D (bench: D[,D...], llama-bench at the same -d)
 # (check takes every hint's flag, e.g. check+split-kv=2; gemv --pdl, --pdl-prefetch, --strategies=S, --gpu-sizes=T,B,R,
 # --experts=N,K, --mixed and --act, e.g. gemv:Q4_0:28672x4096+experts=8,2+act).
-# STRATEGY (default packed_words) and TOKENS (default 128) set the matmul strategy and the decoded tokens.
+# STRATEGY sets the matmul strategy: of check, gemv and tune (default packed_words), and of bench, start, profile and ncu
+# (default the device profile's); TOKENS (default 128) the decoded tokens.
 # Journal records (as they are written), profiles and logs land in $OUT; merge $OUT/journal.jsonl's new lines into
 # results/journal.jsonl here.
 set -uo pipefail
+model_strategy=(${STRATEGY:+--strategy "$STRATEGY"})   # a model's steps take the device profile's unless it is given
 STRATEGY=${STRATEGY:-packed_words} TOKENS=${TOKENS:-128}
 SIZES=${SIZES:-"32,2,4,0 64,1,4,0 16,4,4,0 32,2,4,1 64,1,4,1 16,4,4,1 128,1,4,1 32,2,2,1 64,1,2,1 32,2,8,1 64,1,8,1 16,4,8,1 32,2,4,2 64,1,4,2 16,4,4,2 32,2,8,2"}
 source experiments/device_env.sh || exit 1
@@ -72,20 +74,20 @@ for item in "$@"; do
             python3 -m tinyzoo matvec --shape "${shapes//,/ }" --type "$type" --strategies "$STRATEGY" --gpu-sizes "$SIZES" --save-best --iters 20 "${flags[@]}" \
               | grep -E "^kernel|^search|^saved|WRONG" && cp profiles/*.yaml "$OUT/" || status=1 ;;
     bench:*) file=$(model "${step#bench:}") && llama_bench_ready && peer_flags &&
-             python3 -m tinyzoo bench "$file" --strategy "$STRATEGY" --depth 32 "${flags[@]}" --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
+             python3 -m tinyzoo bench "$file" "${model_strategy[@]}" --depth 32 "${flags[@]}" --tokens "$TOKENS" "${peer[@]}" || status=1 ;;
     exp:*) IFS=: read -r _ name model <<< "$step"
            file=$(model "$model") && llama_bench_ready && peer_flags &&
            python3 -m tinyzoo exp run "$name" --model "$file" "${peer[@]}" || status=1 ;;
     start:*) file=$(model "${step#start:}") && cache=$(mktemp -d) &&
              for run in first second; do
                t0=$EPOCHREALTIME
-               TINYZOO_CACHE=$cache python3 -m tinyzoo run "$file" -p "The capital of France is" -n 16 --temperature 0 --strategy "$STRATEGY" "${flags[@]}" 2>&1 >/dev/null | tail -1
+               TINYZOO_CACHE=$cache python3 -m tinyzoo run "$file" -p "The capital of France is" -n 16 --temperature 0 "${model_strategy[@]}" "${flags[@]}" 2>&1 >/dev/null | tail -1
                awk "BEGIN { printf \"$run run: %.1f s wall\\n\", $EPOCHREALTIME - $t0 }"
              done || status=1 ;;
     profile:*) file=$(model "${step#profile:}") &&
-               JIT=2 python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf)${switches:+-${switches//[^A-Za-z0-9_.-]/_}}.txt" || status=1 ;;
+               JIT=2 python3 -m tinyzoo profile "$file" "${model_strategy[@]}" "${flags[@]}" > "$OUT/profile-$(basename "$file" .gguf)${switches:+-${switches//[^A-Za-z0-9_.-]/_}}.txt" || status=1 ;;
     ncu:*) file=$(model "${step#ncu:}") &&
-           python3 -m tinyzoo profile "$file" --strategy "$STRATEGY" --ncu "${flags[@]}" > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
+           python3 -m tinyzoo profile "$file" "${model_strategy[@]}" --ncu "${flags[@]}" > "$OUT/ncu-$(basename "$file" .gguf).txt" || status=1 ;;
     ncu-peer:*) file=$(model "${step#ncu-peer:}") && llama_bench_ready && [ -n "${LLAMA_BENCH:-}" ] &&
                 python3 -m experiments.peer_llamacpp "$file" --ncu-llama-bench "$LLAMA_BENCH" --prompt-tokens 32 --tokens 16 \
                   > "$OUT/ncu-peer-$(basename "$file" .gguf).txt" || status=1 ;;
