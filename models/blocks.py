@@ -66,8 +66,10 @@ class Attention:
     self.k_norm = w.vector(f"{prefix}.attn_k_norm.weight") if spec.qk_norm else None
     self.sinks = w.vector(f"{prefix}.attn_sinks.weight") if spec.sinks else None
     kv_dtype = kv_cache_dtype(w.hints)
-    # layout rows where q, k and v are one matmul into a float32 cache (k's norm, if any, is applied where it is read)
-    rows = w.hints.kv_layout == "rows" and self.qkv.joined_linear() is not None and kv_dtype == dtypes.float32
+    # layout rows where q, k and v are one matmul into the cache (k's norm, if any, is applied where it is read); not under
+    # ggml rounding, whose fp16 cache holds each key rotated before it is rounded, as llama.cpp's does (rows hold it as
+    # projected)
+    rows = w.hints.kv_layout == "rows" and self.qkv.joined_linear() is not None and (kv_dtype == dtypes.float32 or w.hints.rounding != "ggml")
     self.cache = KVCache(1, cfg.n_kv_heads, max_context, cfg.head_dim, cfg.v_head_dim, dtype=kv_dtype, device=w.device,
                          q_width=cfg.n_heads * cfg.head_dim if rows else None, per_part=max(1, self.split))
     if self.cache.rows is not None: w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
@@ -88,7 +90,8 @@ class Attention:
     rope = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
     if self.cache.rows is not None:
       q, k, v = self.cache.write_rows(self.qkv.joined(x), start_pos)
-      return self._attend(q=self._heads(q, c.n_heads, c.head_dim, None), k=k, v=v, start_pos=start_pos, rope=rope,
+      # q as stored (fp16 in a half cache), read as float32: attention's output takes q's type
+      return self._attend(q=self._heads(q.cast(dtypes.float32), c.n_heads, c.head_dim, None), k=k, v=v, start_pos=start_pos, rope=rope,
                           q_norm=self._norm_read(self.q_norm), key_rope=self.spec.rope, k_norm=self._norm_read(self.k_norm))
     q, k, v = self.qkv(x)
     if self.spec.qk_norm and sums_per_output(self.norm, x) and self.cache.k.dtype == dtypes.float32:

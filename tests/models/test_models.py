@@ -1,7 +1,7 @@
 """The dense architectures against an independent float64 numpy forward pass, through prefill (a whole chunk and a
 padded partial one, under this device's prefill matmul) and jitted decode steps at growing positions: the real
 smollm2-135m (Llama) and gemma3-270m, and Qwen3 on its synthetic preset; by default and with decode attention split over
-the cache's chunks over an fp16 cache."""
+the cache's chunks over an fp16 cache of rows (each position's q, k and v as the joined matmul writes them)."""
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
@@ -10,7 +10,7 @@ from models.runtime import Runtime
 from profiles.hints import resolve
 from tests.models.numpy_reference import forward
 
-@pytest.mark.parametrize("hints", [{}, {"split_kv": 2, "kv_cache": "half"}], ids=["", "split-half-cache"])
+@pytest.mark.parametrize("hints", [{}, {"split_kv": 2, "kv_cache": "half", "kv_layout": "rows"}], ids=["", "split-half-cache-rows"])
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen3-0.6b-tiny"])
 def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.Generator):
   rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16, **hints}), max_context=64)
