@@ -76,9 +76,9 @@ def test_strategy_specs(spec: str, plan: StrategyPlan):
   assert plan.for_weight("blk.0.ffn_up", GGMLQuantizationType.Q4_K) == (plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
   assert plan.for_weight("blk.0.attn_q", GGMLQuantizationType.Q6_K) == plan.by_type.get(GGMLQuantizationType.Q6_K, plan.default)
   # a MoE's experts take `experts` first, then as any feed-forward weight; its router and shared experts are no experts
-  assert plan.for_weight("blk.0.ffn_down_exps", GGMLQuantizationType.Q4_K) == (plan.experts or plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
-  for name in ("blk.0.ffn_gate_inp", "blk.0.ffn_up_shexp"):
-    assert plan.for_weight(name, GGMLQuantizationType.Q4_K) == (plan.ffn or plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default))
+  by_type = plan.by_type.get(GGMLQuantizationType.Q4_K, plan.default)
+  assert plan.for_weight("blk.0.ffn_down_exps", GGMLQuantizationType.Q4_K) == (plan.experts or plan.ffn or by_type)
+  for name in ("blk.0.ffn_gate_inp", "blk.0.ffn_up_shexp"): assert plan.for_weight(name, GGMLQuantizationType.Q4_K) == (plan.ffn or by_type)
 
 @pytest.mark.parametrize("spec, message", [("nope", "unknown matmul strategy 'nope'"), ("Q9_K=fused", "'Q9_K' is neither a GGML type"),
                                            ("ffn=nope", "unknown matmul strategy 'nope'"),
