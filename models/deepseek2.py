@@ -89,6 +89,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
     self.cfg, self.mla, self.rope, self.scale, self.variant, self.form = cfg, mla, rope, scale, w.hints.attention, w.hints.mla_prefill
+    self.softmax = w.hints.softmax
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
     r = mla.kv_lora_rank
     self.inputs = w.projections([f"{prefix}.attn_q_a" if mla.q_lora_rank else f"{prefix}.attn_q", f"{prefix}.attn_kv_a_mqa"])
@@ -123,7 +124,7 @@ class MLAttention:
     else:
       q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
       latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
-                                 split=self.split)
+                                 split=self.split, softmax=self.softmax)
       out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 

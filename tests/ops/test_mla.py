@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from tinygrad import Tensor, TinyJit, UOp
 from ops.mla import LatentCache, mla_attention
 
@@ -16,17 +17,20 @@ def ref_mla(q_nope, q_pe, c, k_pe, wk, wv, scale) -> np.ndarray:
   p = np.exp(logits - logits.max(-1, keepdims=True))
   return (p / p.sum(-1, keepdims=True)) @ v
 
-def test_mla_absorbed_matches_definition(seed, rng):
-  """Prefill 4 tokens, then decode 4 more one at a time under TinyJit with a symbolic start_pos."""
+@pytest.mark.parametrize("batch, softmax, split", [(B, "max", 0), (1, "self", 0), (1, "self", 1)])
+def test_mla_absorbed_matches_definition(seed, rng, batch: int, softmax: str, split: int):
+  """Prefill 4 tokens, then decode 4 more one at a time under TinyJit with a symbolic start_pos: each decode step's
+  softmax stabilized by the logits' max, or by each head's logit of the newest row (one token), in one sum or split
+  into parts of a chunk (ops/attention.py)."""
   prefill, total, max_ctx, scale = 4, 8, 16, (D_NOPE + D_ROPE) ** -0.5
-  q_nope, q_pe = rng.normal(size=(B, H, total, D_NOPE)), rng.normal(size=(B, H, total, D_ROPE))
-  c, k_pe = rng.normal(size=(B, total, RANK)), rng.normal(size=(B, total, D_ROPE))
+  q_nope, q_pe = rng.normal(size=(batch, H, total, D_NOPE)), rng.normal(size=(batch, H, total, D_ROPE))
+  c, k_pe = rng.normal(size=(batch, total, RANK)), rng.normal(size=(batch, total, D_ROPE))
   wk, wv = rng.normal(size=(H, D_NOPE, RANK)) / RANK ** 0.5, rng.normal(size=(H, D_V, RANK)) / RANK ** 0.5
   q_nope, q_pe, c, k_pe, wk, wv = (a.astype(np.float32) for a in (q_nope, q_pe, c, k_pe, wk, wv))
-  cache, twk, twv = LatentCache(B, max_ctx, RANK, D_ROPE), Tensor(wk), Tensor(wv)
+  cache, twk, twv = LatentCache(batch, max_ctx, RANK, D_ROPE, per_part=max(1, split)), Tensor(wk), Tensor(wv)
 
   def step(q_nope: Tensor, q_pe: Tensor, c: Tensor, k_pe: Tensor, start_pos) -> Tensor:
-    latent = mla_attention(q_nope @ twk, q_pe, cache.update(c, k_pe, start_pos), start_pos, scale=scale)
+    latent = mla_attention(q_nope @ twk, q_pe, cache.update(c, k_pe, start_pos), start_pos, scale=scale, softmax=softmax, split=split)
     return (latent @ twv.transpose(-1, -2)).realize()
   decode = TinyJit(step)
 
