@@ -24,18 +24,31 @@ class Gating(enum.Enum):
   TOPK_SOFTMAX = "topk_softmax"
   SIGMOID = "sigmoid"
 
+def _sum_k(t: Tensor) -> Tensor:
+  """t [..., k] summed over its last axis as k - 1 additions: tinygrad computes them where the sum is read, where a sum
+  reduce would be a kernel of its own."""
+  return sum((t[..., i:i + 1] for i in range(1, t.shape[-1])), t[..., :1])
+
 def route(logits: Tensor, k: int, gating: Gating = Gating.SOFTMAX, *, bias: Tensor|None = None, renorm: bool = False,
           scale: float = 1.0, topk: TopK = pairwise_topk) -> tuple[Tensor, Tensor]:
   logits = logits.cast(dtypes.float32)
-  scores = logits.softmax(-1) if gating is Gating.SOFTMAX else logits.sigmoid() if gating is Gating.SIGMOID else logits
+  if gating is Gating.SOFTMAX and bias is None:
+    # the softmax keeps the logits' order, so the top-k logits choose, and the first of them (their max) stabilizes the
+    # exps: no kernel takes the logits' max. Renormalized, the softmax over every expert is the one over the k chosen
+    # (llama.cpp's clamp of the k weights' sum at 2^-14 never binds: k of n weights sum to at least k / n); otherwise
+    # the denominator is one sum over every expert
+    values, experts = topk(logits, k)
+    e = (values - values[..., :1]).exp()
+    weights = e / (_sum_k(e) if renorm else (logits - values[..., :1]).exp().sum(axis=-1, keepdim=True))
+    return weights * scale, experts.cast(dtypes.int32)
+  scores = logits.sigmoid() if gating is Gating.SIGMOID else logits.softmax(-1) if gating is Gating.SOFTMAX else logits
   values, experts = topk(scores if bias is None else scores + bias, k)
   weights = values if bias is None else scores.gather(-1, experts)
   if gating is Gating.TOPK_SOFTMAX:
-    # the top-k come sorted, so the first is their maximum; the sum over k as k - 1 additions: tinygrad computes these
-    # where the weights are read, while a max or sum reduce would each be a kernel of its own
+    # the top-k come sorted, so the first is their maximum
     e = (weights - weights[..., :1]).exp()
-    weights = e / sum((e[..., i:i + 1] for i in range(1, k)), e[..., :1])
-  if renorm: weights = weights / weights.sum(axis=-1, keepdim=True).maximum(2 ** -14)
+    weights = e / _sum_k(e)
+  if renorm: weights = weights / _sum_k(weights).maximum(2 ** -14)
   return weights * scale, experts.cast(dtypes.int32)
 
 @dataclass(frozen=True)

@@ -41,16 +41,22 @@ def test_route(seed, rng, case, use_tensor_topk):
   np.testing.assert_array_equal(experts.numpy(), ref_experts, err_msg=f"{case} seed={seed}")
   np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=1e-5, atol=1e-6, err_msg=f"{case} seed={seed}")
 
-def test_topk_softmax_weights_cost_no_kernel_of_their_own(rng):
-  """GPT-OSS's weights (a softmax over the k chosen) are computed where they are read: routing a token and mixing the
-  chosen experts' outputs with the weights takes the pairwise top-k's one kernel (values and indices, the ranks counted
-  inside) and the reader's one."""
+@pytest.mark.parametrize("case, kernels", [("gpt-oss", 2), ("mixtral", 2), ("deepseek-v2", 3), ("deepseek-v3", 3)])
+def test_routing_weights_cost_few_kernels(rng, case: str, kernels: int):
+  """Routing a token and mixing the chosen experts' outputs with the weights: the pairwise top-k is one kernel (values and
+  indices, the ranks counted inside), the reader another, and the weights are computed where they are read. GPT-OSS's
+  softmax over the k chosen and a renormalized softmax over every expert (Mixtral: the same weights) add no kernel,
+  choosing by the logits; a softmax without renorm (DeepSeek-V2) adds its denominator's sum, stabilized by the top
+  logit (no max kernel); sigmoid scores with a selection bias (DeepSeek-V3) add the gather of the chosen scores, their
+  renorm none."""
+  kw = dict(CASES[case])
+  bias = Tensor(rng.standard_normal(32).astype(np.float32)).realize() if kw.pop("bias", False) else None
   def mixed(logits: Tensor, y: Tensor) -> Tensor:
-    weights, experts = route(logits, 4, Gating.TOPK_SOFTMAX)
+    weights, experts = route(logits, 4, bias=bias, **kw)
     return (y[0][experts] * weights).sum(-1).realize()
   mix = TinyJit(mixed)
   for _ in range(3): mix(*(Tensor(rng.standard_normal((1, n), dtype=np.float32)).realize() for n in (32, 32)))
-  assert count_kernels(mix) == 2
+  assert count_kernels(mix) == kernels
 
 @pytest.mark.parametrize("experts,k,rows,tile", [(8, 2, 5, 4), (64, 6, 37, 8), (4, 3, 16, 16), (32, 4, 1, 32)])
 def test_expert_groups_sort_each_choice_into_a_tile_of_its_expert(experts: int, k: int, rows: int, tile: int, rng):
