@@ -50,19 +50,18 @@ class Timing:
 
 class Runtime:
   """A model file built with `hints` (by default the built-in ones: the command line resolves a model's from its flags,
-  the device profile and the file's manifest, profiles/device.py resolve_hints), a KV cache of `max_context` positions.
-  `opened`: the file already opened, with its tokenizer (a caller that tokenized before it chose the context)."""
+  the device profile and the file's manifest, profiles/device.py resolve_hints), a KV cache of `max_context` positions."""
   def __init__(self, path: str | os.PathLike, hints: Hints | None = None, max_context: int | None = None, device: str | None = None,
-               progress: bool = False, jits: JitStore | None = None, opened: tuple[GGUFFile, Tokenizer] | None = None):
+               progress: bool = False, jits: JitStore | None = None):
     patches.install()
     self.path, self.jits = path, jits
     self.hints = hints or resolve()
     h = self.hints
     self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores)
-    self.gguf, self.tokenizer = opened or (GGUFFile(path), None)
+    self.gguf = GGUFFile(path)
     arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
-    self.tokenizer = self.tokenizer or Tokenizer.from_gguf(self.gguf)
+    self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
     self.chunk = min(h.prefill_chunk, self.max_context)

@@ -10,16 +10,16 @@ from models.tokenizer import Tokenizer
 from ops.sampling import Sampler, SamplerParams
 from quant.gguf_file import GGUFFile
 
-def load(args, longest: int | None = None, opened: tuple[GGUFFile, Tokenizer] | None = None) -> Runtime:
+def load(args, longest: int | None = None) -> Runtime:
   """The model built from its resolved kernel hints, with the JITs earlier runs kept unless --no-cache. `longest`: the
   longest prompt the run will take, where it is known before loading; a prompt chunk no flag, profile or manifest sets
   is then sized to it (a power of two of at least 16 rows, at most the default), since a short prompt padded to a whole
-  chunk pays for every row. `opened`: the file and its tokenizer, where the caller opened them to learn `longest`."""
+  chunk pays for every row."""
   from tinyzoo.cli import model_hints
   hints = model_hints(args, path := resolve_model(args.model))
   if longest is not None and hints.sources["prefill_chunk"] == "default":
     hints = hints.with_runtime(prefill_chunk=min(hints.prefill_chunk, max(16, 1 << (longest - 1).bit_length())))
-  return Runtime(path, hints, args.ctx, progress=sys.stderr.isatty(), jits=None if args.no_cache else JitStore(), opened=opened)
+  return Runtime(path, hints, args.ctx, progress=sys.stderr.isatty(), jits=None if args.no_cache else JitStore())
 
 def keep(rt: Runtime, sampler: Sampler | None = None) -> None:
   """Stores the JITs this run captured, saying what could not be kept or was rebuilt."""
@@ -61,7 +61,7 @@ def cmd_logits(args) -> None:
   g = GGUFFile(resolve_model(args.model))
   tokenizer, vocab_size = Tokenizer.from_gguf(g), ModelConfig.from_gguf(g).vocab_size
   prompts = [tokenizer.encode(value) if kind == "prompt" else parse_ids(value, vocab_size) for kind, value in args.cases]
-  rt = load(args, max(map(len, prompts)), (g, tokenizer))
+  rt = load(args, max(map(len, prompts)))
   greedy = Sampler(SamplerParams(temperature=0, repeat_penalty=1.0))
   cases = []
   for (kind, value), ids in zip(args.cases, prompts):
