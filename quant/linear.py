@@ -166,11 +166,15 @@ class _PackedWeight:
     # write of layout rows, act_in_matmul's product) in kernels of their own
     return (Tensor.arange(2) == 0).where(both, (both / x.shape[-1] + n.eps).rsqrt()).prod(-1)
 
+  def _int8_rows(self, x: Tensor | Int8Rows) -> Int8Rows:
+    """x as an int8_dot matmul reads it: quantized already, or quantized here."""
+    return x if isinstance(x, Int8Rows) else Int8Rows.quantize(x)
+
   def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
     if isinstance(x, Int8Rows) and not self.int8:
       raise ValueError(f"activations in 8 bits need an int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
     if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self.gemm_of(x)
-    if self.int8: return int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x), sel)
+    if self.int8: return int8_dot(self.words, self._int8_rows(x), sel)
     x = round_activations(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
     if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)
@@ -222,7 +226,8 @@ class QuantExperts(_PackedWeight):
   def mixed(self, x: Tensor | Int8Rows, sel: Tensor, mix: Tensor) -> Tensor:
     """The selected experts' outputs summed with the weights mix [..., k]: x [..., k or 1, in] (or quantized, for int8_dot)
     -> [..., out]."""
-    if self.words is None or isinstance(x, Int8Rows) and not self.int8: return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
-    if self.int8: y = int8_dot(self.words, x if isinstance(x, Int8Rows) else Int8Rows.quantize(x), sel, mix)
+    if self.int8: y = int8_dot(self.words, self._int8_rows(x), sel, mix)
+    # without words, or given quantized x it cannot read (the matmul says so), each expert's output is weighted apart
+    elif self.words is None or isinstance(x, Int8Rows): return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
     else: y = self.words.dot(round_activations(x, self.weight.ggml_type, self.rounding), sel, mix)
     return y if self.bias is None else y + (self.bias[sel] * mix.unsqueeze(-1)).sum(axis=-2)
