@@ -165,16 +165,19 @@ def over_denominator(ev: Tensor, sink_term: Tensor | None) -> Tensor:
   if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1] - 1, 0),))
   return ev[..., :-1] / ev[..., -1:]
 
-def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
-  """sum(e * v) / sum(e) over positions, for a float32 cache: the denominator as one more output column of the value
-  sum (v with a column of ones), one kernel, not two; a sink's term is added to that column in the same kernel."""
-  return over_denominator((e.unsqueeze(-1) * with_ones(values)).sum(axis=(-3, -2)), sink_term)
+def weighted_values(e: Tensor, values: Tensor, ones: int = 1) -> Tensor:
+  """The terms of sum(e * v) over positions beside `ones` columns of the terms of sum(e) [..., Dv + ones], to be summed
+  by one reduce (the denominator one more output column of the value sum, not a kernel of its own). A half cache meets
+  e rounded to half, as llama.cpp's does, their products summed in float32 beside the float32 e."""
+  if values.dtype == dtypes.float32: return e.unsqueeze(-1) * with_ones(values, ones)
+  ev = (e.cast(values.dtype).unsqueeze(-1) * values).cast(dtypes.float32)
+  lead = ((0, 0),) * (ev.ndim - 1)
+  return ev.pad(lead + ((0, ones),)) + e.unsqueeze(-1).expand(*ev.shape[:-1], ones).pad(lead + ((ev.shape[-1], 0),))
 
-def half_cache_values(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
-  """sum(e * v) / sum(e) over positions, for a half cache: e rounded to half against it, as llama.cpp does, while the
-  denominator stays float32."""
-  den = e.sum(axis=(-2, -1)).unsqueeze(-1)
-  return (e.cast(values.dtype).unsqueeze(-1) * values).sum(axis=(-3, -2), dtype=dtypes.float32) / (den if sink_term is None else den + sink_term)
+def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
+  """sum(e * v) / sum(e) over positions in one kernel (weighted_values); a sink's term is added to the denominator in
+  the same kernel."""
+  return over_denominator(weighted_values(e, values).sum(axis=(-3, -2)), sink_term)
 
 def gemm_logits(q: Tensor, keys: Tensor, dtype: DTypeLike) -> Tensor:
   """q.k for several query rows (a prompt chunk): q [B, Hkv, G, T, 1, 1, D] and the keys [B, Hkv, 1, 1, n, CHUNK, D]
@@ -206,7 +209,7 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
   e = (logits - peak).exp()
   sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
   if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
-  return (values_with_denominator if values.dtype == dtypes.float32 else half_cache_values)(e, values, sink_term)
+  return values_with_denominator(e, values, sink_term)
 
 # the columns of ones beside a part's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
 # threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
@@ -214,12 +217,8 @@ SUM_ONES = 16
 
 def part_sums(e: Tensor, values: Tensor) -> Tensor:
   """Each part's sum(e * v) beside its sum(e): e [..., parts, m, CHUNK] and the values [..., parts, m, CHUNK, Dv] ->
-  [..., parts, Dv + SUM_ONES], the denominator in each of the last columns; a half cache meets e rounded to half, the
-  denominator float32 (as half_cache_values)."""
-  if values.dtype == dtypes.float32: return (e.unsqueeze(-1) * with_ones(values, SUM_ONES)).sum((-3, -2))
-  ev = (e.cast(values.dtype).unsqueeze(-1) * values).sum((-3, -2), dtype=dtypes.float32)
-  return ev.pad(((0, 0),) * (ev.ndim - 1) + ((0, SUM_ONES),)) + \
-    e.sum((-2, -1)).unsqueeze(-1).expand(*ev.shape[:-1], SUM_ONES).pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1], 0),))
+  [..., parts, Dv + SUM_ONES], the denominator in each of the last columns (weighted_values)."""
+  return weighted_values(e, values, SUM_ONES).sum((-3, -2))
 
 def split_parts(split: int, T: int, window: int | None) -> int:
   """Chunks a part of split attention holds: `split` for a decode step (one query row) without a window (a window's read

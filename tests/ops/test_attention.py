@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from tinygrad import Tensor, TinyJit, UOp, dtypes
-from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention, chunks_read, fused_attention, half_cache_values, soft_capped, \
+from tinygrad import GlobalCounters, Tensor, TinyJit, UOp, dtypes
+from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention, chunks_read, fused_attention, over_denominator, part_sums, soft_capped, \
   values_with_denominator
 from ops.norm import rms_norm
 from ops.rope import apply_rope, rope_tables
@@ -238,18 +238,29 @@ def test_soft_cap_bounds_the_logits_and_keeps_small_ones(rng):
   assert np.abs(capped).max() <= 5.0 and np.all(np.diff(capped[np.argsort(x)]) >= 0)
   np.testing.assert_allclose(capped, 5.0 * np.tanh(x / 5.0), rtol=1e-6, atol=1e-6)
 
+@pytest.mark.parametrize("parts", [0, 2], ids=["one-sum", "parts"])
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
-def test_half_cache_values_round_the_weights_only(seed, rng, sinks):
-  """The fp16 path (a half cache, as llama.cpp's): the softmax weights rounded to half against the values, the
-  denominator float32, a sink's term beside it; the same as the float path on the same (half) values within fp16's
-  rounding of the weights."""
-  e = Tensor(np.exp(rng.normal(size=(1, 2, 2, 1, 2, CHUNK))).astype(np.float32))
-  values = Tensor(rng.normal(size=(1, 2, 1, 1, 2, CHUNK, DV)).astype(np.float16))
-  sink = Tensor(rng.uniform(0.5, 2, size=(1, 2, 2, 1, 1)).astype(np.float32)) if sinks else None
-  half = half_cache_values(e, values, sink)
-  assert half.dtype == dtypes.float32
-  np.testing.assert_allclose(half.numpy(), values_with_denominator(e, values.cast(dtypes.float32), sink).numpy(), rtol=2e-3, atol=2e-3,
-                             err_msg=f"seed={seed}")
+def test_half_cache_values_round_the_weights_only(seed, rng, sinks, parts):
+  """The fp16 path (a half cache, as llama.cpp's): each softmax weight rounded to half, its product with the value
+  (exact on the CPU, whose half arithmetic is float32's) summed in float32; the denominator the float32 weights' sum, a
+  sink's term beside it. Equal to that arithmetic in float64, and as many kernels as the float path (the denominator a
+  column of the value sum), whole or in parts."""
+  e = np.exp(rng.normal(size=(1, 2, 2, 1, 2, CHUNK))).astype(np.float32)
+  values = rng.normal(size=(1, 2, 1, 1, 2, CHUNK, DV)).astype(np.float16)
+  sink = rng.uniform(0.5, 2, size=(1, 2, 2, 1, 1)).astype(np.float32) if sinks else None
+  products = e.astype(np.float16).astype(np.float64)[..., None] * values
+  want = products.sum((-3, -2)) / (e.astype(np.float64).sum((-2, -1))[..., None] + (0 if sink is None else sink.astype(np.float64)))
+  def run(values: Tensor) -> tuple[Tensor, int]:
+    te, tv, ts = Tensor(e).realize(), values.realize(), None if sink is None else Tensor(sink).realize()
+    if parts:
+      sums = part_sums(te.reshape(1, 2, 2, 1, 2, 1, CHUNK), tv.reshape(1, 2, 1, 1, 2, 1, CHUNK, DV))
+      out = over_denominator(sums[..., :DV + 1].sum(-2), ts)
+    else: out = values_with_denominator(te, tv, ts)
+    GlobalCounters.reset()
+    return out.realize(), GlobalCounters.kernel_count
+  (got, kernels), (_, float_kernels) = run(Tensor(values)), run(Tensor(values.astype(np.float32)))
+  assert got.dtype == dtypes.float32 and kernels == float_kernels, (kernels, float_kernels)
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
 
 @pytest.mark.parametrize("plain", [False, True], ids=["fused", "plain"])
 @pytest.mark.parametrize("features", [{}, {"sinks": True, "window": 3}], ids=["", "sinks-window"])
