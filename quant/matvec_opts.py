@@ -17,10 +17,12 @@ Upcasting rows gives independent accumulators (and vector loads of the shared ac
 reduce keeps the block decode in registers.
 """
 import os
+import random
 from dataclasses import dataclass, field
 from math import gcd, prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt.postrange import Scheduler
+from tinygrad.dtype import dtypes
 from tinygrad.uop.ops import AxisType, Ops
 from ops import dp4a
 from ops.patches import KernelSettings, tinygrad_heuristic
@@ -164,6 +166,29 @@ def _indices(k: Scheduler, loads: bool = False) -> list:
   """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
   stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
   return [b.src[1].get_idx().backward_slice_with_self for b in k.bufs if b not in stored]
+
+def _index_exprs(k: Scheduler) -> list:
+  """The index expression of each buffer the kernel reads."""
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE}
+  return [b.src[1].get_idx() for b in k.bufs if b not in stored]
+
+INDEX_SAMPLES = 16
+
+def _varies_with(idx, rng) -> bool:
+  """Whether an index takes other values as range `rng` does, every other range and variable held: tried at
+  INDEX_SAMPLES points drawn the same way each time (an opt choice, which steers speed, never results), each range
+  inside the end the drawn variables give it. Indices over symbolic shapes name ranges they do not depend on: a key's
+  kv head h read as ((4 n h + c) // n + g) // 4 for its chunk c < n and query head g < 4, which tinygrad does not
+  simplify."""
+  if rng not in (parts := idx.backward_slice_with_self): return False
+  variables = [u for u in parts if u.op is Ops.PARAM and dtypes.is_int(u.dtype)]
+  ranges = [u for u in parts if u.op is Ops.RANGE]
+  draw = random.Random(0)
+  for _ in range(INDEX_SAMPLES):
+    at = {u: u.const_like(draw.randint(int(u.vmin), int(u.vmax))) for u in variables}
+    for r in ranges: at[r] = r.const_like(draw.randrange(max(1, r.src[0].substitute(at).simplify().arg)))
+    if len({idx.substitute({**at, rng: rng.const_like(v)}).simplify().arg for v in range(int(rng.vmax) + 1)}) > 1: return True
+  return False
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
@@ -412,10 +437,10 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   if len(chunks) != 1 or not reduces or not all(isinstance(k.full_shape[a], int) for a in reduces): return None
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
-  keyed = [idx for idx in _indices(k, loads=True) if k.rngs[positions] in idx]
+  keyed = [idx for idx in _index_exprs(k) if k.rngs[positions] in idx.backward_slice_with_self]
   # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
   group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
-           and isinstance(n := k.full_shape[a], int) and n > 1 and not any(k.rngs[a] in idx for idx in keyed)}
+           and isinstance(n := k.full_shape[a], int) and n > 1 and not any(_varies_with(idx, k.rngs[a]) for idx in keyed)}
   longest = max(reduces, key=lambda a: k.full_shape[a])
   tuned, arg = k.copy(), k.rngs[longest].arg
   others = [k.rngs[a] for a in reduces if a != longest]
