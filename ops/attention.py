@@ -214,6 +214,10 @@ def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: T
 # the columns of ones beside a part's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
 # threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
 SUM_ONES = 16
+# the parts' sums padded to a multiple of this many: their sum's axes are then multiples of 16 (the columns too, with
+# all of SUM_ONES kept), which a GPU spreads over the threads of a workgroup (65 parts of 65 columns had a thread each
+# output, walking every part in turn)
+PARTS_SPREAD = 16
 
 def part_sums(e: Tensor, values: Tensor) -> Tensor:
   """Each part's sum(e * v) beside its sum(e): e [..., parts, m, CHUNK] and the values [..., parts, m, CHUNK, Dv] ->
@@ -238,16 +242,17 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
   logits = logits.reshape(*logits.shape[:-2], n // per_part, per_part, CHUNK)
   values = values.reshape(*values.shape[:-3], n // per_part, per_part, CHUNK, Dv)
   def grown(t: Tensor, value: float) -> Tensor:
-    return t if most is None or isinstance(n, int) else t.pad(((0, 0),) * (t.ndim - 2) + ((0, most - n // per_part), (0, 0)), value=value)
+    if most is None or isinstance(n, int): return t
+    return t.pad(((0, 0),) * (t.ndim - 2) + ((0, -(-most // PARTS_SPREAD) * PARTS_SPREAD - n // per_part), (0, 0)), value=value)
   if peak is None:
     local = logits.max((-2, -1))
     local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (under `whole`)
-  parts = grown(part_sums((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), values).contiguous()[..., :Dv + 1], 0.0)
+  parts = grown(part_sums((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), values).contiguous(), 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
     parts, sink_peak = parts * (local - top).exp(), top
-  return over_denominator(parts.sum(-2), None if sink is None else (sink - sink_peak).squeeze(-1).exp())
+  return over_denominator(parts.sum(-2)[..., :Dv + 1], None if sink is None else (sink - sink_peak).squeeze(-1).exp())
 
 def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, window: int|None = None, sinks: Tensor|None = None,
               softcap: float|None = None, variant: str = "chunked", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
