@@ -162,15 +162,14 @@ def kernel_shape(k: Scheduler) -> str:
   bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""
   return "x".join(str(s) for s in k.full_shape)
 
+def _index_exprs(k: Scheduler, loads: bool = False) -> list:
+  """The index expression of each buffer of the kernel, or with `loads` of each it reads."""
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
+  return [b.src[1].get_idx() for b in k.bufs if b not in stored]
+
 def _indices(k: Scheduler, loads: bool = False) -> list:
   """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
-  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
-  return [b.src[1].get_idx().backward_slice_with_self for b in k.bufs if b not in stored]
-
-def _index_exprs(k: Scheduler) -> list:
-  """The index expression of each buffer the kernel reads."""
-  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE}
-  return [b.src[1].get_idx() for b in k.bufs if b not in stored]
+  return [idx.backward_slice_with_self for idx in _index_exprs(k, loads)]
 
 INDEX_SAMPLES = 16
 
@@ -437,7 +436,7 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   if len(chunks) != 1 or not reduces or not all(isinstance(k.full_shape[a], int) for a in reduces): return None
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
-  keyed = [idx for idx in _index_exprs(k) if k.rngs[positions] in idx.backward_slice_with_self]
+  keyed = [idx for idx in _index_exprs(k, loads=True) if k.rngs[positions] in idx.backward_slice_with_self]
   # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
   group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
            and isinstance(n := k.full_shape[a], int) and n > 1 and not any(_varies_with(idx, k.rngs[a]) for idx in keyed)}
