@@ -106,12 +106,23 @@ class KVCache:
     kv = write_positions(self.kv, both, start_pos)
     return kv[0], kv[1]
 
-def _chunks(cache: Tensor, span: tuple[sint, sint]) -> Tensor:
-  """[B, H, L, D] -> the chunks span (first, count) names, [B, H, 1, 1, count, CHUNK, D] (beside the query group and query
-  axes)."""
-  B, H, L, D = cache.shape
+def chunked(L: int, per_part: int = 0) -> tuple[int, ...]:
+  """The axes L positions are read in: chunks of CHUNK positions, or with `per_part` parts of that many chunks."""
+  return (L // CHUNK // per_part, per_part, CHUNK) if per_part else (L // CHUNK, CHUNK)
+
+def _spanned(t: Tensor, axis: int, span: tuple[sint, sint], per_part: int) -> Tensor:
+  """t with its chunk axis (or part axis) `axis` cut to the chunks span (first, count) names (whole parts with per_part)."""
   first, count = span
-  return cache.reshape(B, H, 1, 1, L // CHUNK, CHUNK, D).shrink(((0, B), (0, H), (0, 1), (0, 1), (first, first + count), (0, CHUNK), (0, D)))
+  step = per_part or 1
+  return t.shrink(tuple((first // step, (first + count) // step) if i == axis else None for i in range(t.ndim)))
+
+def _chunks(cache: Tensor, span: tuple[sint, sint], per_part: int = 0) -> Tensor:
+  """[B, H, L, D] -> the chunks span (first, count) names, [B, H, 1, 1, count, CHUNK, D] (beside the query group and query
+  axes), or with `per_part` in parts [B, H, 1, 1, count // per_part, per_part, CHUNK, D]: every axis cut from the
+  cache's static shape (a symbolic count split into parts by a reshape left a division by it in every index, which
+  tinygrad does not simplify: a key of the same kv head read once for each query head)."""
+  B, H, L, D = cache.shape
+  return _spanned(cache.reshape(B, H, 1, 1, *chunked(L, per_part), D), 4, span, per_part)
 
 def _checked(q: Tensor, k: Tensor, variant: str) -> tuple[int, ...]:
   """(B, Hq, T, D, Hkv, L) of a query against a cache, both checked."""
@@ -138,11 +149,11 @@ def chunks_read(L: int, start_pos: sint, T: int, variant: str, window: int | Non
 
 def soft_capped(logits: Tensor, cap: float) -> Tensor: return (logits / cap).tanh() * cap
 
-def visible(logits: Tensor, L: int, span: tuple[sint, sint], start_pos: sint, window: int | None) -> Tensor:
-  """The logits [..., T, count, CHUNK] of the chunks span (first, count) names, of the keys each query sees (at or before
-  its position, inside the window), -inf elsewhere."""
-  kpos = (Tensor.arange(L // CHUNK).reshape(-1, 1) * CHUNK + Tensor.arange(CHUNK)).shrink(((span[0], span[0] + span[1]), (0, CHUNK)))
-  qpos = (Tensor.arange(logits.shape[-3]) + start_pos).reshape(-1, 1, 1)
+def visible(logits: Tensor, L: int, span: tuple[sint, sint], start_pos: sint, window: int | None, per_part: int = 0) -> Tensor:
+  """The logits [..., T, count, CHUNK] of the chunks span (first, count) names (with `per_part`, [..., T, count // per_part,
+  per_part, CHUNK]), of the keys each query sees (at or before its position, inside the window), -inf elsewhere."""
+  kpos = _spanned(Tensor.arange(L).reshape(chunked(L, per_part)), 0, span, per_part)
+  qpos = (Tensor.arange(logits.shape[-1 - kpos.ndim]) + start_pos).reshape(-1, *[1] * kpos.ndim)
   seen = kpos <= qpos
   if window is not None: seen = seen & (kpos > qpos - window)
   return seen.where(logits, float("-inf"))
@@ -230,20 +241,19 @@ def split_parts(split: int, T: int, window: int | None) -> int:
   return split if T == 1 and window is None else 0
 
 def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                         per_part: int = 1, most: int | None = None) -> Tensor:
-  """softmax_values for one query row split into parts of `per_part` chunks (flash-decoding; the count of chunks read a
-  multiple of it): each part's value sum and denominator (part_sums) by one kernel whose workgroups cover every head and
-  part, then their sum over the parts by a second, so that a long context's positions are spread over the whole device
-  where one sum over them ran in few workgroups. With a fixed `peak` (softmax self) the parts' sums add as they are; with
-  None each part is stabilized by its own max and rescaled to the largest when they are added (no kernel for a max over
-  every position). The second kernel reads a symbolic count of parts' sums padded to `most` as a view (no memory read),
-  so that it sums a static axis, which a GPU spreads over threads (over a symbolic one each thread walked every part)."""
-  Dv, n = values.shape[-1], logits.shape[-2]
-  logits = logits.reshape(*logits.shape[:-2], n // per_part, per_part, CHUNK)
-  values = values.reshape(*values.shape[:-3], n // per_part, per_part, CHUNK, Dv)
+                         most: int | None = None) -> Tensor:
+  """softmax_values for one query row over logits [..., parts, per_part, CHUNK] and values [..., parts, per_part, CHUNK,
+  Dv] (as _chunks gives them in parts; flash-decoding): each part's value sum and denominator (part_sums) by one kernel
+  whose workgroups cover every head and part, then their sum over the parts by a second, so that a long context's
+  positions are spread over the whole device where one sum over them ran in few workgroups. With a fixed `peak`
+  (softmax self) the parts' sums add as they are; with None each part is stabilized by its own max and rescaled to the
+  largest when they are added (no kernel for a max over every position). The second kernel reads a symbolic count of
+  parts' sums padded to `most` as a view (no memory read), so that it sums a static axis, which a GPU spreads over
+  threads (over a symbolic one each thread walked every part)."""
+  Dv, count = values.shape[-1], logits.shape[-3]
   def grown(t: Tensor, value: float) -> Tensor:
-    if most is None or isinstance(n, int): return t
-    return t.pad(((0, 0),) * (t.ndim - 2) + ((0, -(-most // PARTS_SPREAD) * PARTS_SPREAD - n // per_part), (0, 0)), value=value)
+    if most is None or isinstance(count, int): return t
+    return t.pad(((0, 0),) * (t.ndim - 2) + ((0, -(-most // PARTS_SPREAD) * PARTS_SPREAD - count), (0, 0)), value=value)
   if peak is None:
     local = logits.max((-2, -1))
     local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (under `whole`)
@@ -261,25 +271,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
   (a decode step) without a window, with `split`, its value sums split into parts of that many chunks (split_parts)."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   span = chunks_read(L, start_pos, T, variant, window, per_part := split_parts(split, T, window))
-  return attend_chunks(q, _chunks(k, span), _chunks(v, span), L, start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
-                       chunk_dtype=chunk_dtype, per_part=per_part, first=span[0])
+  return attend_chunks(q, _chunks(k, span, per_part), _chunks(v, span, per_part), L, start_pos, scale=scale, window=window, sinks=sinks,
+                       softcap=softcap, chunk_dtype=chunk_dtype, per_part=per_part, first=span[0])
 
 def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
                   sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, per_part: int = 0,
                   first: sint = 0) -> Tensor:
   """`attention` over the chunks it reads of a cache of L positions, from chunk `first` on: keys [B, Hkv, 1, 1, n, CHUNK, D]
   and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]; with `per_part` (split_parts) the
-  value sums split into parts of that many chunks."""
+  value sums split into parts of that many chunks, the keys and values in parts (_chunks with per_part)."""
   (B, Hq, T, D), Hkv = q.shape, keys.shape[1]
   G = Hq // Hkv
-  shape = (B, Hkv, G, T, *keys.shape[-3:])   # the query heads of each kv head on their own axis: k and v broadcast
-  qg = q.reshape(B, Hkv, G, T, 1, 1, D)
+  shape = (B, Hkv, G, T, *keys.shape[4:])   # the query heads of each kv head on their own axis: k and v broadcast
+  qg = q.reshape(B, Hkv, G, T, *[1] * (keys.ndim - 5), D)
   if keys.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
   if T > 1: logits = gemm_logits(qg, keys, chunk_dtype) * scale
   else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
-  logits, sink = visible(logits, L, (first, keys.shape[-3]), start_pos, window), _sinks(sinks, Hkv, G)
-  if per_part: out = split_softmax_values(logits, None, values, sink, None, per_part, L // CHUNK // per_part)
+  logits, sink = visible(logits, L, (first, keys.shape[4] * (per_part or 1)), start_pos, window, per_part), _sinks(sinks, Hkv, G)
+  if per_part: out = split_softmax_values(logits, None, values, sink, None, L // CHUNK // per_part)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
 
@@ -287,30 +297,33 @@ class Reads:
   """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any
   arithmetic on it), each rotation pair's elements swapped first where asked (pair_swapped, before any broadcast),
   times a norm's weight and rotated by per-element tables (`rotated`)."""
-  def __init__(self, q: Tensor, k: Tensor, start_pos: sint, span: tuple[sint, sint], q_rope: tuple[Tensor, Tensor, bool] | None):
+  def __init__(self, q: Tensor, k: Tensor, start_pos: sint, span: tuple[sint, sint], q_rope: tuple[Tensor, Tensor, bool] | None,
+               per_part: int = 0):
     (self.B, Hq, self.T, self.D), self.Hkv = q.shape, k.shape[1]
-    self.q, self.k, self.start_pos, self.span, self.G = q, k, start_pos, span, Hq // self.Hkv
+    self.q, self.k, self.start_pos, self.span, self.G, self.per_part = q, k, start_pos, span, Hq // self.Hkv, per_part
+    self.ones = [1] * len(chunked(k.shape[2], per_part))   # a query's size on the axes the positions are read in
     self.half, self.interleaved = (0, False) if q_rope is None else (q_rope[0].shape[-1], q_rope[2])
     # the rotation of the query positions, per element: on q, and on the query's own key where keys are rotated as read
     self.at_queries = None if q_rope is None else \
-      tuple(t.reshape(self.T, 1, 1, self.D) for t in rope_per_element(*q_rope[:2], self.interleaved, self.D))
+      tuple(t.reshape(self.T, *self.ones, self.D) for t in rope_per_element(*q_rope[:2], self.interleaved, self.D))
 
   def _swapped(self, t: Tensor, swap: bool) -> Tensor: return pair_swapped(t, self.half, self.interleaved) if swap else t
 
   def queries(self, shape: tuple, swap: bool = False) -> Tensor:
-    return self._swapped(self.q.reshape(self.B, self.Hkv, self.G, self.T, 1, 1, self.D), swap).expand(shape)
+    return self._swapped(self.q.reshape(self.B, self.Hkv, self.G, self.T, *self.ones, self.D), swap).expand(shape)
 
   def own_keys(self, shape: tuple, swap: bool = False) -> Tensor:
-    own = self.k[:, :, self.start_pos:self.start_pos + self.T].reshape(self.B, self.Hkv, 1, self.T, 1, 1, self.D)
+    own = self.k[:, :, self.start_pos:self.start_pos + self.T].reshape(self.B, self.Hkv, 1, self.T, *self.ones, self.D)
     return self._swapped(own, swap).expand(shape)
 
-  def cached_keys(self, shape: tuple, swap: bool = False) -> Tensor: return _chunks(self._swapped(self.k, swap), self.span).expand(shape)
+  def cached_keys(self, shape: tuple, swap: bool = False) -> Tensor:
+    return _chunks(self._swapped(self.k, swap), self.span, self.per_part).expand(shape)
 
   def at_keys(self, key_rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """The rotation of each cached key's position, per element, chunked as the keys are (tables padded to the cache)."""
     L = self.k.shape[2]
     cos, sin = (t[:L].pad(((0, L - min(L, t.shape[0])), (0, 0))) for t in key_rope)
-    return tuple(_chunks(t.reshape(1, 1, L, self.D), self.span) for t in rope_per_element(cos, sin, self.interleaved, self.D))
+    return tuple(_chunks(t.reshape(1, 1, L, self.D), self.span, self.per_part) for t in rope_per_element(cos, sin, self.interleaved, self.D))
 
   def rotated(self, view: Callable[..., Tensor], shape: tuple, tables: tuple[Tensor, Tensor] | None, weight: Tensor | None) -> Tensor:
     """view(shape) times weight (a norm's), rotated by per-element cos and sin tables."""
@@ -343,11 +356,11 @@ def normed_logits_relative_to_own_key(q: Tensor, keys: Tensor, raw_keys: Tensor,
 def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> Tensor:
   """A sink's stabilizer under softmax self: the query's logit of its own key (computed again where the sink is read)
   plus the margin."""
-  one = (reads.B, reads.Hkv, reads.G, reads.T, 1, 1, reads.D)
+  one = (reads.B, reads.Hkv, reads.G, reads.T, *reads.ones, reads.D)
   qs = reads.rotated(reads.queries, one, reads.at_queries, None)
   ks = reads.rotated(reads.own_keys, one, reads.at_queries if key_tables else None, None)
   if half: qs = qs.cast(dtypes.float16)
-  return (qs.cast(dtypes.float32) * ks.cast(dtypes.float32)).sum(-1) * scale + SELF_MARGIN
+  return ((qs.cast(dtypes.float32) * ks.cast(dtypes.float32)).sum(-1) * scale + SELF_MARGIN).reshape(one[:4] + (1, 1))
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
@@ -362,11 +375,12 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
   # a sink's logit is met at the query's own logit (not linear in q with a norm on q or the keys)
   by_self = softmax == "self" and softcap is None and B * T == 1 and (sinks is None or (q_norm is None and k_norm is None))
-  reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window, per_part := split_parts(split, T, window)), q_rope)
+  per_part = split_parts(split, T, window)
+  reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window, per_part), q_rope, per_part)
   key_tables = None if key_rope is None else reads.at_keys(key_rope)
   if T > 1: return _chunk_attention(reads, v, L, key_tables, scale=scale, window=window, sinks=sinks, softcap=softcap, q_norm=q_norm,
                                     k_norm=k_norm, chunk_dtype=chunk_dtype)
-  shape = (B, Hkv, reads.G, T, *_chunks(k, span).shape[-3:])   # the count as the shrink simplified it
+  shape = (B, Hkv, reads.G, T, *_chunks(k, span, per_part).shape[4:])   # the count as the shrink simplified it
   raw_q = reads.queries(shape)
   if k_norm is not None and by_self: shape = (2, *shape)   # the pair axis of normed_logits_relative_to_own_key
   qg = reads.rotated(reads.queries, shape, reads.at_queries, None if q_norm is None else q_norm[0])
@@ -383,10 +397,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
     else: logits = normed_logits_relative_to_own_key(qg, keys, reads.cached_keys(shape), own, reads.own_keys(shape), *q_normed, k_norm[1])
   logits = logits * scale
   if softcap is not None: logits = soft_capped(logits, softcap)
-  logits, sink = visible(logits, L, span, start_pos, window), _sinks(sinks, Hkv, reads.G)
+  logits, sink = visible(logits, L, span, start_pos, window, per_part), _sinks(sinks, Hkv, reads.G)
   sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
   if per_part:
-    out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span), sink, sink_peak, per_part, L // CHUNK // per_part)
+    out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span, per_part), sink, sink_peak, L // CHUNK // per_part)
   elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype)
   else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)

@@ -434,8 +434,11 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   outputs, reduces = k.axes_of(AxisType.GLOBAL, AxisType.WEAK), k.axes_of(AxisType.REDUCE)
   chunks = [a for a in outputs if not isinstance(k.full_shape[a], int)]
   if len(chunks) != 1 or not reduces or not all(isinstance(k.full_shape[a], int) for a in reduces): return None
+  # the positions of a chunk; where tinygrad merged them with the chunks (split attention's parts, read from the cache's
+  # static shape), the merged axis
   positions = next((a for a in outputs if a > chunks[0]), None)
-  if positions is None or k.full_shape[positions] % LOGIT_POSITIONS: return None
+  if positions is None and k.full_shape[chunks[0]].divides(LOGIT_POSITIONS) is not None: positions = chunks[0]
+  if positions is None or (isinstance(n := k.full_shape[positions], int) and n % LOGIT_POSITIONS): return None
   keyed = [idx for idx in _index_exprs(k, loads=True) if k.rngs[positions] in idx.backward_slice_with_self]
   # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
   group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
