@@ -336,10 +336,10 @@ def _group(k: Scheduler, arg: tuple, threads: int) -> None:
     k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
     k.applied_opts.append(opt)
 
-def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL) -> None:
-  """Unrolls REDUCE_UNROLL steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a
+def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL, steps: int = REDUCE_UNROLL) -> None:
+  """Unrolls `steps` steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a
   thread, so that their loads are in flight together."""
-  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(min(REDUCE_UNROLL, limit), k.full_shape[a])) > 1:
+  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(min(steps, limit), k.full_shape[a])) > 1:
     k.apply_opt(Opt(OptOps.UNROLL, k.unrollable_dims.index(a), n))
 
 def rule_gpu_sizes(k: Scheduler) -> Sizes:
@@ -419,6 +419,7 @@ LOGIT_LANES, LOGIT_POSITIONS = 8, 16
 # thread summing them in turn over 576-wide keys, the kernel's time where few positions give few workgroups
 LOGIT_HEADS = 4
 LOGIT_UNROLLED = 128  # at most these terms a thread sums in one step: unrolled reduces, query heads and the unrolled steps
+LOGIT_STEPS = 16      # and at most these steps of the longest axis
 
 def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
@@ -427,9 +428,10 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   head that reads it. This gives a thread one position's logits for the query heads of its group, up to LOGIT_HEADS
   that divide them (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements
   of a head (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum
-  (a rotation's pair axis, then up to 4 elements a thread) where a step then sums at most LOGIT_UNROLLED terms. Split
-  attention's value sums take the same form, a part's chunks the rest of their sum (8 chunks unrolled for the 16 heads
-  of a latent attention spilled a thread's registers). None for other kernels."""
+  (a rotation's pair axis, then up to LOGIT_STEPS steps of the longest axis, as many as keep a step's terms within
+  LOGIT_UNROLLED, where at least 4 fit). Split attention's value sums take the same form over a part's positions (8 chunks unrolled for the
+  16 heads of a latent attention spilled a thread's registers; with the chunks merged into one axis by tinygrad, 4
+  steps left a llama3.2-1b value sum a loop of 8). None for other kernels."""
   if k.reduceop is None: return None
   outputs, reduces = k.axes_of(AxisType.GLOBAL, AxisType.WEAK), k.axes_of(AxisType.REDUCE)
   chunks = [a for a in outputs if not isinstance(k.full_shape[a], int)]
@@ -446,10 +448,12 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   longest = max(reduces, key=lambda a: k.full_shape[a])
   tuned, arg = k.copy(), k.rngs[longest].arg
   others = [k.rngs[a] for a in reduces if a != longest]
-  if prod(r.vmax + 1 for r in others) * prod(group.values()) * REDUCE_UNROLL <= LOGIT_UNROLLED:
+  terms = prod(group.values())
+  if prod(r.vmax + 1 for r in others) * terms * REDUCE_UNROLL <= LOGIT_UNROLLED:
     for r in others: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
+    terms *= prod(r.vmax + 1 for r in others)
   _group_divisor(tuned, arg, LOGIT_LANES)
-  _unroll_steps(tuned, arg)
+  _unroll_steps(tuned, arg, steps := min(LOGIT_STEPS, LOGIT_UNROLLED // terms), steps)
   for r, heads in group.items(): tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), heads))
   tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
   return tuned
