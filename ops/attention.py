@@ -178,12 +178,10 @@ def over_denominator(ev: Tensor, sink_term: Tensor | None) -> Tensor:
 
 def weighted_values(e: Tensor, values: Tensor, ones: int = 1) -> Tensor:
   """The terms of sum(e * v) over positions beside `ones` columns of the terms of sum(e) [..., Dv + ones], to be summed
-  by one reduce (the denominator one more output column of the value sum, not a kernel of its own). A half cache meets
-  e rounded to half, as llama.cpp's does, their products summed in float32 beside the float32 e."""
-  if values.dtype == dtypes.float32: return e.unsqueeze(-1) * with_ones(values, ones)
-  ev = (e.cast(values.dtype).unsqueeze(-1) * values).cast(dtypes.float32)
-  lead = ((0, 0),) * (ev.ndim - 1)
-  return ev.pad(lead + ((0, ones),)) + e.unsqueeze(-1).expand(*ev.shape[:-1], ones).pad(lead + ((ev.shape[-1], 0),))
+  by one reduce (the denominator one more output column of the value sum, not a kernel of its own). A half cache's
+  values are multiplied in float32: under softmax self each e carries the factor e^-SELF_MARGIN, below half's range
+  (rounded to half, every weight was 0 and the attention's output with it)."""
+  return e.unsqueeze(-1) * with_ones(values.cast(dtypes.float32), ones)
 
 def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
   """sum(e * v) / sum(e) over positions in one kernel (weighted_values); a sink's term is added to the denominator in

@@ -240,15 +240,14 @@ def test_soft_cap_bounds_the_logits_and_keeps_small_ones(rng):
 
 @pytest.mark.parametrize("parts", [0, 2], ids=["one-sum", "parts"])
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
-def test_half_cache_values_round_the_weights_only(seed, rng, sinks, parts):
-  """The fp16 path (a half cache, as llama.cpp's): each softmax weight rounded to half, its product with the value
-  (exact on the CPU, whose half arithmetic is float32's) summed in float32; the denominator the float32 weights' sum, a
-  sink's term beside it. Equal to that arithmetic in float64, and as many kernels as the float path (the denominator a
-  column of the value sum), whole or in parts."""
+def test_half_cache_values_multiply_in_float32(seed, rng, sinks, parts):
+  """The fp16 path (a half cache, as llama.cpp's): each softmax weight times its value in float32, summed in float32;
+  the denominator the weights' sum, a sink's term beside it. Equal to that arithmetic in float64, and as many kernels
+  as the float path (the denominator a column of the value sum), whole or in parts."""
   e = np.exp(rng.normal(size=(1, 2, 2, 1, 2, CHUNK))).astype(np.float32)
   values = rng.normal(size=(1, 2, 1, 1, 2, CHUNK, DV)).astype(np.float16)
   sink = rng.uniform(0.5, 2, size=(1, 2, 2, 1, 1)).astype(np.float32) if sinks else None
-  products = e.astype(np.float16).astype(np.float64)[..., None] * values
+  products = e.astype(np.float64)[..., None] * values
   want = products.sum((-3, -2)) / (e.astype(np.float64).sum((-2, -1))[..., None] + (0 if sink is None else sink.astype(np.float64)))
   def run(values: Tensor) -> tuple[Tensor, int]:
     te, tv, ts = Tensor(e).realize(), values.realize(), None if sink is None else Tensor(sink).realize()
@@ -261,6 +260,18 @@ def test_half_cache_values_round_the_weights_only(seed, rng, sinks, parts):
   (got, kernels), (_, float_kernels) = run(Tensor(values)), run(Tensor(values.astype(np.float32)))
   assert got.dtype == dtypes.float32 and kernels == float_kernels, (kernels, float_kernels)
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"seed={seed}")
+
+@pytest.mark.parametrize("split", [0, 1], ids=["one-sum", "split"])
+def test_half_cache_under_softmax_self_equals_max(seed, rng, split):
+  """A decode step over a half cache stabilized by the query's own logit (softmax self, whose weights carry
+  e^-SELF_MARGIN) equals the same step stabilized by the max: with the weights rounded to half, every one was 0 and so
+  was the output."""
+  Hkv, G, D, L = 2, 2, 16, 2 * CHUNK
+  q = Tensor(rng.standard_normal((1, Hkv * G, 1, D)).astype(np.float32))
+  k, v = (Tensor(rng.standard_normal((1, Hkv, L, D)).astype(np.float16)).realize() for _ in range(2))
+  by_self, by_max = (fused_attention(q, k, v, L - 3, scale=D ** -0.5, softmax=s, split=split).numpy() for s in ("self", "max"))
+  assert np.abs(by_max).max() > 0.05
+  np.testing.assert_allclose(by_self, by_max, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
 
 @pytest.mark.parametrize("plain", [False, True], ids=["fused", "plain"])
 @pytest.mark.parametrize("features", [{}, {"sinks": True, "window": 3}], ids=["", "sinks-window"])
