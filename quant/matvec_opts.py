@@ -17,12 +17,10 @@ Upcasting rows gives independent accumulators (and vector loads of the shared ac
 reduce keeps the block decode in registers.
 """
 import os
-import random
 from dataclasses import dataclass, field
 from math import gcd, prod
 from tinygrad.codegen.opt import Opt, OptOps, KernelOptError
 from tinygrad.codegen.opt.postrange import Scheduler
-from tinygrad.dtype import dtypes
 from tinygrad.uop.ops import AxisType, Ops
 from ops import dp4a
 from ops.patches import KernelSettings, tinygrad_heuristic
@@ -162,32 +160,10 @@ def kernel_shape(k: Scheduler) -> str:
   bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""
   return "x".join(str(s) for s in k.full_shape)
 
-def _index_exprs(k: Scheduler, loads: bool = False) -> list:
-  """The index expression of each buffer of the kernel, or with `loads` of each it reads."""
-  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
-  return [b.src[1].get_idx() for b in k.bufs if b not in stored]
-
 def _indices(k: Scheduler, loads: bool = False) -> list:
   """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
-  return [idx.backward_slice_with_self for idx in _index_exprs(k, loads)]
-
-INDEX_SAMPLES = 16
-
-def _varies_with(idx, rng) -> bool:
-  """Whether an index takes other values as range `rng` does, every other range and variable held: tried at
-  INDEX_SAMPLES points drawn the same way each time (an opt choice, which steers speed, never results), each range
-  inside the end the drawn variables give it. Indices over symbolic shapes name ranges they do not depend on: a key's
-  kv head h read as ((4 n h + c) // n + g) // 4 for its chunk c < n and query head g < 4, which tinygrad does not
-  simplify."""
-  if rng not in (parts := idx.backward_slice_with_self): return False
-  variables = [u for u in parts if u.op is Ops.PARAM and dtypes.is_int(u.dtype)]
-  ranges = [u for u in parts if u.op is Ops.RANGE]
-  draw = random.Random(0)
-  for _ in range(INDEX_SAMPLES):
-    at = {u: u.const_like(draw.randint(int(u.vmin), int(u.vmax))) for u in variables}
-    for r in ranges: at[r] = r.const_like(draw.randrange(max(1, r.src[0].substitute(at).simplify().arg)))
-    if len({idx.substitute({**at, rng: rng.const_like(v)}).simplify().arg for v in range(int(rng.vmax) + 1)}) > 1: return True
-  return False
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
+  return [b.src[1].get_idx().backward_slice_with_self for b in k.bufs if b not in stored]
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
@@ -285,7 +261,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   # a span of words (packed_words) up to UNROLL_ELEMENTS weights for all the thread's rows (more took a Q8_0 kernel to
   # 254 registers); whole blocks (packed_dot) unroll the elements inside a block below instead
   if words is None and not inside: _unroll_steps(tuned, k.rngs[blocks].arg)
-  elif words is not None: _unroll_steps(tuned, k.rngs[blocks].arg, UNROLL_ELEMENTS // (span * word_elements(k) * rows))
+  elif words is not None: _unroll_steps(tuned, k.rngs[blocks].arg, min(REDUCE_UNROLL, UNROLL_ELEMENTS // (span * word_elements(k) * rows)))
   for op, n in ((OptOps.LOCAL, block), (OptOps.UPCAST, rows)):
     if n > 1: tuned.apply_opt(Opt(op, axis, n))
   # an output axis that no input is indexed by (a folded norm's dots and squares) goes to the thread's registers: the
@@ -336,10 +312,10 @@ def _group(k: Scheduler, arg: tuple, threads: int) -> None:
     k.shift_to(k.rngs[a], threads, AxisType.GROUP_REDUCE)
     k.applied_opts.append(opt)
 
-def _unroll_steps(k: Scheduler, arg: tuple, limit: int = REDUCE_UNROLL, steps: int = REDUCE_UNROLL) -> None:
-  """Unrolls `steps` steps, at most `limit` (or fewer that divide them), of the loop left of reduce axis `arg` to a
-  thread, so that their loads are in flight together."""
-  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(min(steps, limit), k.full_shape[a])) > 1:
+def _unroll_steps(k: Scheduler, arg: tuple, steps: int = REDUCE_UNROLL) -> None:
+  """Unrolls `steps` steps (or fewer that divide them) of the loop left of reduce axis `arg` to a thread, so that their
+  loads are in flight together."""
+  if (a := _reduce_axis(k, arg)) is not None and (n := gcd(steps, k.full_shape[a])) > 1:
     k.apply_opt(Opt(OptOps.UNROLL, k.unrollable_dims.index(a), n))
 
 def rule_gpu_sizes(k: Scheduler) -> Sizes:
@@ -441,10 +417,10 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None and k.full_shape[chunks[0]].divides(LOGIT_POSITIONS) is not None: positions = chunks[0]
   if positions is None or (isinstance(n := k.full_shape[positions], int) and n % LOGIT_POSITIONS): return None
-  keyed = [idx for idx in _index_exprs(k, loads=True) if k.rngs[positions] in idx.backward_slice_with_self]
+  keyed = [idx for idx in _indices(k, loads=True) if k.rngs[positions] in idx]
   # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
   group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
-           and isinstance(n := k.full_shape[a], int) and n > 1 and not any(_varies_with(idx, k.rngs[a]) for idx in keyed)}
+           and isinstance(n := k.full_shape[a], int) and n > 1 and not any(k.rngs[a] in idx for idx in keyed)}
   longest = max(reduces, key=lambda a: k.full_shape[a])
   tuned, arg = k.copy(), k.rngs[longest].arg
   others = [k.rngs[a] for a in reduces if a != longest]
@@ -453,7 +429,7 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
     for r in others: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
     terms *= prod(r.vmax + 1 for r in others)
   _group_divisor(tuned, arg, LOGIT_LANES)
-  _unroll_steps(tuned, arg, steps := min(LOGIT_STEPS, LOGIT_UNROLLED // terms), steps)
+  _unroll_steps(tuned, arg, min(LOGIT_STEPS, LOGIT_UNROLLED // terms))
   for r, heads in group.items(): tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), heads))
   tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
   return tuned
