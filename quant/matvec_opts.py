@@ -160,10 +160,22 @@ def kernel_shape(k: Scheduler) -> str:
   bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""
   return "x".join(str(s) for s in k.full_shape)
 
+def _index_exprs(k: Scheduler, loads: bool = False) -> list:
+  """The index of each buffer of the kernel, or with `loads` of each it reads."""
+  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
+  return [b.src[1].get_idx() for b in k.bufs if b not in stored]
+
 def _indices(k: Scheduler, loads: bool = False) -> list:
   """What each buffer of the kernel is indexed by (ranges and values), for every buffer or, with `loads`, those it reads."""
-  stored = {u.src[0] for u in k.ast.toposort() if u.op is Ops.STORE} if loads else set()
-  return [b.src[1].get_idx().backward_slice_with_self for b in k.bufs if b not in stored]
+  return [idx.backward_slice_with_self for idx in _index_exprs(k, loads)]
+
+def _unit_stride(idx, rng) -> bool:
+  """Whether index `idx` steps by one element as range `rng` does (every range at 0, `rng` at 0 and 1)."""
+  ranges = [u for u in idx.backward_slice_with_self if u.op is Ops.RANGE]
+  if rng not in ranges: return False
+  at = {u: u.const_like(0) for u in ranges}
+  step = (idx.substitute({**at, rng: rng.const_like(1)}) - idx.substitute(at)).simplify()
+  return step.op is Ops.CONST and step.arg == 1
 
 def matvec_row_axis(k: Scheduler) -> int | None:
   """The axis of output rows if the kernel is a matvec: a sum over constant reduce axes with one output axis of constant
@@ -425,13 +437,17 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   tuned, arg = k.copy(), k.rngs[longest].arg
   others = [k.rngs[a] for a in reduces if a != longest]
   terms = prod(group.values())
+  # neighbouring threads take neighbouring elements of the cache: the positions' LOCAL first (its threads the fastest)
+  # where they are its contiguous axis (a value sum's columns), else the lanes of a head's elements (a key's)
+  columns = any(_unit_stride(idx, k.rngs[positions]) for idx in _index_exprs(k, loads=True))
+  if columns: tuned.apply_opt(Opt(OptOps.LOCAL, positions, LOGIT_POSITIONS))
   if prod(r.vmax + 1 for r in others) * terms * REDUCE_UNROLL <= LOGIT_UNROLLED:
     for r in others: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
     terms *= prod(r.vmax + 1 for r in others)
   _group_divisor(tuned, arg, LOGIT_LANES)
   _unroll_steps(tuned, arg, min(LOGIT_STEPS, LOGIT_UNROLLED // terms))
   for r, heads in group.items(): tuned.apply_opt(Opt(OptOps.UPCAST, tuned.rngs.index(r), heads))
-  tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
+  if not columns: tuned.apply_opt(Opt(OptOps.LOCAL, tuned.rngs.index(k.rngs[positions]), LOGIT_POSITIONS))
   return tuned
 
 FULL_REDUCE_THREADS = 256

@@ -430,6 +430,48 @@ def test_gpu_row_cache_logits_share_each_key_over_the_query_group(softmax: str, 
   opts = full_rewrite_to_sink(logits, cuda_renderer()).arg.applied_opts
   assert Opt(OptOps.UPCAST, 1, G) in opts, opts
 
+def _lane_strides(sink, dtype) -> set:
+  """Of each load from a buffer of `dtype`: the step of its first element, in elements, as the first thread index
+  (threadIdx.x: a warp's neighbours) steps by one, every other index at 0, over the elements it loads (a vector's)."""
+  from tinygrad.uop.ops import Ops
+  lane = next(u for u in sink.toposort() if u.op is Ops.SPECIAL and u.arg == "lidx0")
+  steps = set()
+  for load in (u for u in sink.toposort() if u.op is Ops.LOAD):
+    at = load.src[0]   # INDEX(buffer, index) for one element, SHRINK(buffer, first, end) for a vector
+    if at.op not in (Ops.INDEX, Ops.SHRINK) or at.src[0].dtype != dtype: continue
+    zero = {u: u.const_like(0) for u in at.src[1].toposort() if u.op in (Ops.SPECIAL, Ops.RANGE) or (u.op is Ops.PARAM and dtypes.is_int(u.dtype))}
+    step = (at.src[1].substitute({**zero, lane: lane.const_like(1)}).simplify() - at.src[1].substitute(zero).simplify()).simplify()
+    steps.add((step.arg if step.op is Ops.CONST else step.render()) / (load.shape[0] if load.shape else 1))
+  return steps
+
+@pytest.mark.parametrize("layout", ["heads", "rows"])
+def test_gpu_split_attention_gives_a_warps_neighbours_neighbouring_elements(layout: str, row_upcast, rng: np.random.Generator):
+  """A decode step's split attention over an fp16 cache (per head, and in rows beside q): in its logits and in its
+  value sums the threads CUDA numbers first read neighbouring elements of the cache: a key's elements in the logits,
+  a position's value columns in the value sums, where the lanes that split a part's positions had come first and a
+  warp's loads of the values had touched 8 positions of 8 bytes each (llama3.2-1b at depth 16,384)."""
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.uop.ops import Ops, UOp
+  from ops.attention import CHUNK, KVCache, fused_attention
+  from ops.rope import rope_tables
+  row_upcast(8)
+  Hkv, G, D, L = 8, 4, 64, 4 * CHUNK
+  cos, sin = rope_tables(D, 10000.0, L)
+  pos = UOp.variable("pos", 0, L - 1)
+  x = lambda *s: Tensor(rng.standard_normal(s).astype(np.float32))
+  if layout == "rows":
+    cache = KVCache(1, Hkv, L, D, dtype=dtypes.float16, q_width=Hkv * G * D, per_part=2)
+    q, k, v = cache.write_rows(x(1, 1, (G + 2) * Hkv * D), pos)
+    q, key_rope = q.reshape(1, 1, Hkv * G, D).transpose(1, 2), (cos, sin)
+  else:
+    cache = KVCache(1, Hkv, L, D, dtype=dtypes.float16, per_part=2)
+    (k, v), q, key_rope = cache.update(x(1, Hkv, 1, D), x(1, Hkv, 1, D), pos), x(1, Hkv * G, 1, D), None
+  out = fused_attention(q, k, v, pos, scale=D ** -0.5, q_rope=(cos[pos:pos + 1], sin[pos:pos + 1], False), key_rope=key_rope,
+                        softmax="self", split=2)
+  sums = [s for c in out.schedule_linear().src if (s := c.src[0]).op is Ops.SINK and any(u.op is Ops.REDUCE for u in s.toposort())]
+  reads = [_lane_strides(full_rewrite_to_sink(s, cuda_renderer()), dtypes.float16) for s in sums]
+  assert [r for r in reads if r] == [{1}, {1}], reads   # the logits' key loads, the value sums' value loads: one load apart
+
 def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """That attention, sinks met at the query's own logit, on tinygrad's PYTHON device (workgroups and shared memory)
   against float64 at positions past a chunk."""
