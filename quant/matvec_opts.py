@@ -408,6 +408,7 @@ LOGIT_LANES, LOGIT_POSITIONS = 8, 16
 LOGIT_HEADS = 4
 LOGIT_UNROLLED = 128  # at most these terms a thread sums in one step: unrolled reduces, query heads and the unrolled steps
 LOGIT_STEPS = 16      # and at most these steps of the longest axis
+VALUE_COLUMNS = 2    # a value sum's columns a thread (one load), of LOGIT_POSITIONS a workgroup
 
 def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   """Sums over a head's elements with a symbolic number of chunks of positions among the outputs (attention logits
@@ -417,9 +418,12 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   that divide them (UPCAST: a key is loaded and rotated once for them), LOGIT_LANES neighbouring threads the elements
   of a head (their loads of a key coalesce) and LOGIT_POSITIONS positions a workgroup, and unrolls the rest of the sum
   (a rotation's pair axis, then up to LOGIT_STEPS steps of the longest axis, as many as keep a step's terms within
-  LOGIT_UNROLLED, where at least 4 fit). Split attention's value sums take the same form over a part's positions (8 chunks unrolled for the
-  16 heads of a latent attention spilled a thread's registers; with the chunks merged into one axis by tinygrad, 4
-  steps left a llama3.2-1b value sum a loop of 8). None for other kernels."""
+  LOGIT_UNROLLED, where at least 4 fit). Split attention's value sums take the same form over a part's positions (8
+  chunks unrolled for the 16 heads of a latent attention spilled a thread's registers; with the chunks merged into one
+  axis by tinygrad, 4 steps left a llama3.2-1b value sum a loop of 8), their columns in place of the positions: the
+  cache's contiguous axis, so that a workgroup's columns go to its first threads, VALUE_COLUMNS a thread, and the lanes
+  split the positions (lanes first, a warp's loads of the values touched 8 positions of 8 bytes). None for other
+  kernels."""
   if k.reduceop is None: return None
   outputs, reduces = k.axes_of(AxisType.GLOBAL, AxisType.WEAK), k.axes_of(AxisType.REDUCE)
   chunks = [a for a in outputs if not isinstance(k.full_shape[a], int)]
@@ -440,7 +444,9 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   # neighbouring threads take neighbouring elements of the cache: the positions' LOCAL first (its threads the fastest)
   # where they are its contiguous axis (a value sum's columns), else the lanes of a head's elements (a key's)
   columns = any(_unit_stride(idx, k.rngs[positions]) for idx in _index_exprs(k, loads=True))
-  if columns: tuned.apply_opt(Opt(OptOps.LOCAL, positions, LOGIT_POSITIONS))
+  if columns:
+    tuned.apply_opt(Opt(OptOps.UPCAST, positions, VALUE_COLUMNS))
+    tuned.apply_opt(Opt(OptOps.LOCAL, _reduce_axis(tuned, k.rngs[positions].arg), LOGIT_POSITIONS // VALUE_COLUMNS))
   if prod(r.vmax + 1 for r in others) * terms * REDUCE_UNROLL <= LOGIT_UNROLLED:
     for r in others: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))
     terms *= prod(r.vmax + 1 for r in others)

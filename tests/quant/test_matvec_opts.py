@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from ops.kernels import jit_programs
-from quant.matvec_opts import GPU_MATVEC_THREADS, builtin_gpu_sizes, kernel_settings
+from quant.matvec_opts import GPU_MATVEC_THREADS, VALUE_COLUMNS, builtin_gpu_sizes, kernel_settings
 from quant.linear import QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -430,9 +430,9 @@ def test_gpu_row_cache_logits_share_each_key_over_the_query_group(softmax: str, 
   opts = full_rewrite_to_sink(logits, cuda_renderer()).arg.applied_opts
   assert Opt(OptOps.UPCAST, 1, G) in opts, opts
 
-def _lane_strides(sink, dtype) -> set:
-  """Of each load from a buffer of `dtype`: the step of its first element, in elements, as the first thread index
-  (threadIdx.x: a warp's neighbours) steps by one, every other index at 0, over the elements it loads (a vector's)."""
+def _lane_strides(sink, dtype) -> set[tuple]:
+  """Of each load from a buffer of `dtype`: the step of its first element as the first thread index (threadIdx.x: a
+  warp's neighbours) steps by one, every other index at 0, and the elements it loads (a vector's)."""
   from tinygrad.uop.ops import Ops
   lane = next(u for u in sink.toposort() if u.op is Ops.SPECIAL and u.arg == "lidx0")
   steps = set()
@@ -441,15 +441,15 @@ def _lane_strides(sink, dtype) -> set:
     if at.op not in (Ops.INDEX, Ops.SHRINK) or at.src[0].dtype != dtype: continue
     zero = {u: u.const_like(0) for u in at.src[1].toposort() if u.op in (Ops.SPECIAL, Ops.RANGE) or (u.op is Ops.PARAM and dtypes.is_int(u.dtype))}
     step = (at.src[1].substitute({**zero, lane: lane.const_like(1)}).simplify() - at.src[1].substitute(zero).simplify()).simplify()
-    steps.add((step.arg if step.op is Ops.CONST else step.render()) / (load.shape[0] if load.shape else 1))
+    steps.add((step.arg if step.op is Ops.CONST else step.render(), load.shape[0] if load.shape else 1))
   return steps
 
 @pytest.mark.parametrize("layout", ["heads", "rows"])
 def test_gpu_split_attention_gives_a_warps_neighbours_neighbouring_elements(layout: str, row_upcast, rng: np.random.Generator):
   """A decode step's split attention over an fp16 cache (per head, and in rows beside q): in its logits and in its
   value sums the threads CUDA numbers first read neighbouring elements of the cache: a key's elements in the logits,
-  a position's value columns in the value sums, where the lanes that split a part's positions had come first and a
-  warp's loads of the values had touched 8 positions of 8 bytes each (llama3.2-1b at depth 16,384)."""
+  a position's value columns in the value sums, two a thread, where the lanes that split a part's positions had come
+  first and a warp's loads of the values had touched 8 positions of 8 bytes each (llama3.2-1b at depth 16,384)."""
   from tinygrad.codegen import full_rewrite_to_sink
   from tinygrad.uop.ops import Ops, UOp
   from ops.attention import CHUNK, KVCache, fused_attention
@@ -469,8 +469,9 @@ def test_gpu_split_attention_gives_a_warps_neighbours_neighbouring_elements(layo
   out = fused_attention(q, k, v, pos, scale=D ** -0.5, q_rope=(cos[pos:pos + 1], sin[pos:pos + 1], False), key_rope=key_rope,
                         softmax="self", split=2)
   sums = [s for c in out.schedule_linear().src if (s := c.src[0]).op is Ops.SINK and any(u.op is Ops.REDUCE for u in s.toposort())]
-  reads = [_lane_strides(full_rewrite_to_sink(s, cuda_renderer()), dtypes.float16) for s in sums]
-  assert [r for r in reads if r] == [{1}, {1}], reads   # the logits' key loads, the value sums' value loads: one load apart
+  logits, values = [r for s in sums if (r := _lane_strides(full_rewrite_to_sink(s, cuda_renderer()), dtypes.float16))]
+  assert all(step == width for step, width in logits | values), (logits, values)   # one load apart
+  assert values == {(2, 2)}, values   # two columns a thread
 
 def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """That attention, sinks met at the query's own logit, on tinygrad's PYTHON device (workgroups and shared memory)
@@ -502,12 +503,12 @@ def _split_latent_attention(H: int, rank: int, rope: int, split: int, device: st
 @pytest.mark.parametrize("heads, per_thread", [(16, 4), (20, 4)])
 def test_gpu_split_latent_attention_keeps_few_sums_a_thread(heads: int, per_thread: int, row_upcast, rng: np.random.Generator):
   """DeepSeek-V2-Lite's (16 heads) and GLM-4.7-Flash's (20) latent attention split in parts, at the real width (512 +
-  64): a thread's logits and value sums take the query heads of a position, up to 4 that divide them (one each read
-  each key 20 times; 10 or 16 left a thread summing them in turn, the kernel's time at depth 0: on an H100, a 4-block
-  GLM-4.7-Flash took 0.87 ms a token at 10, 0.55 at 4), and a part's chunks stay a loop where unrolling them beside the
-  heads would sum more than 128 terms a step: a thread's value sums take at most 128 exps (8 chunks of 4 steps for 4
-  heads; for 16 heads they had unrolled to 512, 112 us a block at depth 4,096 on an H100, at the profile's parts of 8
-  chunks)."""
+  64): a thread's logits and value sums take the query heads of a position, up to 4 that divide them (the value sums
+  for each of their columns; one each read each key 20 times; 10 or 16 left a thread summing them in turn, the
+  kernel's time at depth 0: on an H100, a 4-block GLM-4.7-Flash took 0.87 ms a token at 10, 0.55 at 4), and a part's
+  chunks stay a loop where unrolling them beside the heads would sum more than 128 terms a step: a thread's value sums
+  take at most 128 exps (8 chunks of 4 steps for 4 heads; for 16 heads they had unrolled to 512, 112 us a block at
+  depth 4,096 on an H100, at the profile's parts of 8 chunks)."""
   from tinygrad.uop.ops import UOp
   row_upcast(8)
   step, _ = _split_latent_attention(heads, 512, 64, 8, None, rng)
@@ -515,7 +516,7 @@ def test_gpu_split_latent_attention_keeps_few_sums_a_thread(heads: int, per_thre
   assert max(src.count("exp2(") for src in sources) <= 128
   for name in ("logits", "values"):
     src = next(s for s in sources if "buf0[" in s and ("exp2(" in s) == (name == "values"))
-    assert f"buf0[{per_thread}]" in src, (name, src[:400])
+    assert f"buf0[{per_thread * (VALUE_COLUMNS if name == 'values' else 1)}]" in src, (name, src[:400])
 
 def test_gpu_split_latent_attention_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """That attention for 20 heads in parts of 4 chunks (each a loop of the value sums) on tinygrad's PYTHON device
