@@ -255,7 +255,10 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   bytes apart (a cache line each); a word a thread, 4 lanes read one 64-byte run. A flat reduce (packed_dot) is split
   by blocks."""
   axis = matvec_row_axis(k)
-  if axis is None or k.full_shape[axis] % (block * rows): return None
+  if axis is None or k.full_shape[axis] % rows: return None
+  # the most rows a workgroup, up to `block`, that divide the rows (int8_dot's 128 // 22 threads: 5 of 2048 rows had
+  # left a Q8_0 down-experts kernel to tinygrad's heuristic, 3% of the copy bandwidth)
+  block = max(b for b in range(1, block + 1) if k.full_shape[axis] % (b * rows) == 0)
   blocks, words, inside = reduce_axes(k)
   inner = [k.rngs[a] for a in inside]
   # a span of 0 (or sizes tuned before there was one) gives a thread whole 32-element blocks

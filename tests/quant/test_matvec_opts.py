@@ -102,10 +102,11 @@ def cuda_source(out: Tensor) -> str:
   from tinygrad.codegen.late.linearizer import linearize
   return cuda_renderer().render(line_rewrite(linearize(cuda_sink(out)), pm_linearize_cleanups))
 
-@pytest.mark.parametrize("rows,cols,local", [(1024, 2048, (32, 4, 1)), (256, 8192, (128, 1, 1)), (256, 512, (8, 16, 1))])
+@pytest.mark.parametrize("rows,cols,local", [(1024, 2048, (32, 4, 1)), (256, 8192, (128, 1, 1)), (256, 512, (8, 16, 1)), (2048, 1408, (22, 4, 1))])
 def test_gpu_int8_dot_matvecs_get_a_row_a_thread_in_workgroups_of_128(rows: int, cols: int, local: tuple, row_upcast, rng: np.random.Generator):
   """An int8_dot matvec (its dp4a a custom op) gets sizes of its own: two blocks of a row a thread, at most 128 threads a
-  row, one row a thread, workgroups of at least 128 threads (integer_gpu_sizes)."""
+  row, one row a thread, workgroups of at least 128 threads (integer_gpu_sizes), of as many rows as divide the rows (44
+  blocks a row: 22 threads, 4 rows, where 5 rows, not a divisor of 2048, had left the kernel to tinygrad's heuristic)."""
   from quant.int8_dot import Int8Rows
   row_upcast(8)
   lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="int8_dot")
