@@ -257,7 +257,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   axis = matvec_row_axis(k)
   if axis is None or k.full_shape[axis] % rows: return None
   # the most rows a workgroup, up to `block`, that divide the rows (int8_dot's 128 // 22 threads: 5 of 2048 rows had
-  # left a Q8_0 down-experts kernel to tinygrad's heuristic, 3% of the copy bandwidth)
+  # left a Q8_0 down-experts kernel to tinygrad's heuristic, a thread walking its rows alone)
   block = max(b for b in range(1, block + 1) if k.full_shape[axis] % (b * rows) == 0)
   blocks, words, inside = reduce_axes(k)
   inner = [k.rngs[a] for a in inside]
