@@ -436,7 +436,8 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   positions = next((a for a in outputs if a > chunks[0]), None)
   if positions is None and k.full_shape[chunks[0]].divides(LOGIT_POSITIONS) is not None: positions = chunks[0]
   if positions is None or (isinstance(n := k.full_shape[positions], int) and n % LOGIT_POSITIONS): return None
-  keyed = [idx for idx in _indices(k, loads=True) if k.rngs[positions] in idx]
+  loads = _index_exprs(k, loads=True)
+  keyed = [parts for idx in loads if k.rngs[positions] in (parts := idx.backward_slice_with_self)]
   # the query heads a thread takes of each group axis: the most, up to LOGIT_HEADS, that divide it
   group = {k.rngs[a]: max(d for d in range(1, LOGIT_HEADS + 1) if n % d == 0) for a in outputs if a not in (chunks[0], positions)
            and isinstance(n := k.full_shape[a], int) and n > 1 and not any(k.rngs[a] in idx for idx in keyed)}
@@ -446,7 +447,7 @@ def gpu_chunked_logits(k: Scheduler) -> Scheduler | None:
   terms = prod(group.values())
   # neighbouring threads take neighbouring elements of the cache: the positions' LOCAL first (its threads the fastest)
   # where they are its contiguous axis (a value sum's columns), else the lanes of a head's elements (a key's)
-  columns = any(_unit_stride(idx, k.rngs[positions]) for idx in _index_exprs(k, loads=True))
+  columns = any(_unit_stride(idx, k.rngs[positions]) for idx in loads)
   if columns:
     tuned.apply_opt(Opt(OptOps.UPCAST, positions, VALUE_COLUMNS))
     tuned.apply_opt(Opt(OptOps.LOCAL, _reduce_axis(tuned, k.rngs[positions].arg), LOGIT_POSITIONS // VALUE_COLUMNS))
