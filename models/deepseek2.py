@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from tinygrad import Tensor
 from tinygrad.uop.ops import sint
 from models import spec
-from models.blocks import Block, FeedForward, Transformer, kv_cache_dtype
+from models.blocks import Block, FeedForward, Transformer, kv_cache_dtype, sums_per_output
 from models.config import ModelConfig
 from models.moe import MoE, MoEConfig
 from models.spec import TensorDef
@@ -89,7 +89,7 @@ def yarn_scales(yarn: Yarn | None, log_mul: float) -> tuple[Yarn | None, float]:
 class MLAttention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, mla: MLAConfig, rope: tuple[Tensor, Tensor], scale: float, max_context: int):
     self.cfg, self.mla, self.rope, self.scale, self.variant, self.form = cfg, mla, rope, scale, w.hints.attention, w.hints.mla_prefill
-    self.softmax = w.hints.softmax
+    self.softmax, self.norm = w.hints.softmax, w.hints.norm
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
     r = mla.kv_lora_rank
     self.inputs = w.projections([f"{prefix}.attn_q_a" if mla.q_lora_rank else f"{prefix}.attn_q", f"{prefix}.attn_kv_a_mqa"])
@@ -114,7 +114,8 @@ class MLAttention:
     q = q.reshape(B, T, c.n_heads, m.nope_dim + m.rope_dim)
     cos, sin = (t[start_pos:start_pos + T] for t in self.rope)
     q_pe = apply_rope(q[..., m.nope_dim:].transpose(1, 2), cos, sin, interleaved=True)
-    latent = rms_norm(kv[..., :m.kv_lora_rank], self.kv_a_norm, c.norm_eps)
+    # one token's latent normalized by the kernel that writes it to the cache, its squares summed there (norm single)
+    latent = rms_norm(kv[..., :m.kv_lora_rank], self.kv_a_norm, c.norm_eps, sum_per_output=sums_per_output(self.norm, kv))
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
     rows = self.cache.update(latent, k_pe, start_pos)
     if self.prefill_form(T) == "expanded":
