@@ -92,3 +92,23 @@ def test_split_kv_decodes_the_same_tokens(tmp_path, preset, softmax):
   assert unwindowed == {"gemma3-270m-tiny": 0, "gpt-oss-20b-tiny": 1}.get(preset, rt.cfg.n_layers)
   more = 2 if softmax == "max" else 1
   assert outs[2][2] == outs[0][2] + more * unwindowed, (outs[2][2], outs[0][2])
+
+def test_latent_blocks_normalize_the_latent_where_the_cache_is_written(tmp_path):
+  """Under norm `single` a latent block's decode step normalizes the latent in the kernel that writes it to the cache
+  (no kernel sums its squares apart, as under `fused`). A DeepSeek-V2-Lite block is then 11 kernels dense (norm, q with
+  the latent, latent into the cache, q absorbed, logits, values, latent output expanded, output projection, norm,
+  gate+up with the activation, down) and 16 with experts (after the second norm: shared gate+up, router, shared down,
+  top-k, gate+up experts, the softmax's sum over every expert, down experts); the logits and greedy tokens stay those of
+  `fused`."""
+  path = synthesize("deepseek-v2-lite-tiny", tmp_path / "ds.gguf", quant="Q8_0")
+  outs = {}
+  for norm in ("fused", "single"):
+    rt = Runtime(path, resolve({"strategy": "packed_words", "norm": norm, "softmax": "self", "act_in_matmul": True}), 160)
+    logits = rt.prefill(list(range(5, 65)))
+    outs[norm] = (logits.numpy(), list(rt.continue_from(logits, 60, 8, Sampler(SamplerParams(temperature=0)))), rt.kernels_per_token())
+  base = outs["fused"][0]
+  np.testing.assert_allclose(outs["single"][0], base, rtol=1e-4, atol=1e-4 * np.abs(base).max())
+  assert outs["single"][1] == outs["fused"][1]
+  n_moe = sum(type(b.ffn).__name__ == "MoE" for b in rt.model.blocks)
+  assert outs["single"][2] == 11 * (rt.cfg.n_layers - n_moe) + 16 * n_moe + 3
+  assert outs["fused"][2] == outs["single"][2] + rt.cfg.n_layers
