@@ -26,13 +26,18 @@ def fp16_rounded(x: Tensor) -> Tensor:
   # below 2^-24 an fp16 is 0 or 2^-24, whichever is nearer (a tie at 2^-25 goes to 0)
   return (exponent < 103).where((x > 2.0 ** -25).where(2.0 ** -24, 0.0), rounded)
 
-def q8_0_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
+def q8_0_blocks(x: Tensor, max_per_quant: bool = False) -> tuple[Tensor, Tensor]:
   """x [..., in] float32 as Q8_0 blocks: the quants q [..., in / 32, 32] (float, integral) and their scales d
-  [..., in / 32, 1] (float32 of an fp16, as Q8_0 stores them)."""
+  [..., in / 32, 1] (float32 of an fp16, as Q8_0 stores them). With `max_per_quant` each quant takes its block's largest
+  magnitude again: tinygrad then computes it inside the kernel that reads the quants, where it would realize a block's
+  maximum, broadcast over the block afterwards, by a kernel of its own (32 comparisons a quant instead of one)."""
   xb = x.reshape(*x.shape[:-1], -1, 32)
-  amax = xb.abs().max(axis=-1, keepdim=True)
+  magnitudes = xb.abs()
+  amax = (magnitudes.unsqueeze(-2).expand(*xb.shape, 32) if max_per_quant else magnitudes).max(axis=-1, keepdim=not max_per_quant)
   q = (xb * (amax > 0).where(127 / amax, 0)).round()
-  return q, fp16_rounded(amax / 127)
+  # rounding is monotone, so the largest rounded magnitude / 127 is the rounded largest one; rounded before the max, the
+  # rounding's bitcasts read no reduce (tinygrad realizes one that they read by a kernel of its own)
+  return q, fp16_rounded(magnitudes / 127).max(axis=-1, keepdim=True)
 
 def _q8_0(x: Tensor) -> Tensor:
   q, d = q8_0_blocks(x)

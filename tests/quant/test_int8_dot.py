@@ -29,11 +29,10 @@ def test_quantized_rows_hold_ggmls_q8_0_quants_and_scales(rng: np.random.Generat
   x = rng.standard_normal((3, 256)).astype(np.float32) * 4
   x[1, 32:64] = 0   # a block of zeros: scale 0, quants 0
   blocks = Int8Rows.quantize(Tensor(x)).blocks.numpy()
-  assert blocks.shape == (3, 8, 12) and (blocks[..., 10:] == 0).all()
+  assert blocks.shape == (3, 8, 12) and (blocks[..., 9:] == 0).all()
   q, d = gguf_q8_0(x)
   np.testing.assert_array_equal(blocks[..., :8].copy().view(np.int8).reshape(q.shape), q)
   np.testing.assert_array_equal(blocks[..., 8].copy().view(np.float32), d)
-  np.testing.assert_allclose(blocks[..., 9].copy().view(np.float32), q.astype(np.float64).sum(-1) * d, rtol=1e-6)
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
 def test_int8_dot_is_the_matmul_of_x_rounded_to_q8_0(t: T, rng: np.random.Generator):
