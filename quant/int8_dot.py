@@ -22,7 +22,7 @@ from quant.words import WordBlocks
 
 INT8_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
 LOW_NIBBLES = 0x0F0F0F0F
-ONE_BYTES = Tensor(0x01010101, dtype=dtypes.int32)   # dp4a against it sums a word's four signed bytes
+ONE_BYTES = 0x01010101   # dp4a against it sums a word's four signed bytes
 
 @dataclass(frozen=True)
 class Int8Rows:
@@ -59,7 +59,8 @@ def int8_dot(w: WordBlocks, x: Int8Rows, sel: Tensor | None = None, mix: Tensor 
   if w.bits == 8: dots = dp4a(chosen(w.words), xw)
   else:
     dots = dp4a(chosen(w.words & LOW_NIBBLES), xw[..., :4]) + dp4a(chosen((w.words >> 4) & LOW_NIBBLES), xw[..., 4:])
-    sums = dp4a(xw[..., :4], ONE_BYTES) + dp4a(xw[..., 4:], ONE_BYTES)   # [..., 1, nb, 4]: the quants each word meets
+    ones = xw[..., :4].const_like(ONE_BYTES)
+    sums = dp4a(xw[..., :4], ones) + dp4a(xw[..., 4:], ones)   # [..., 1, nb, 4]: the quants each word meets
     if w.ggml_type is T.Q4_0: dots = dots - 8 * sums
   scale = x.scale.unsqueeze(-2).unsqueeze(-1)   # [..., 1, nb, 1]
   y = dots.cast(dtypes.float32) * scale * w.per_word(w.d, sel).cast(dtypes.float32)
