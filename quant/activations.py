@@ -35,6 +35,7 @@ def q8_0_blocks(x: Tensor, max_per_quant: bool = False) -> tuple[Tensor, Tensor]
   magnitudes = xb.abs()
   amax = (magnitudes.unsqueeze(-2).expand(*xb.shape, 32) if max_per_quant else magnitudes).max(axis=-1, keepdim=not max_per_quant)
   q = (xb * (amax > 0).where(127 / amax, 0)).round()
+  if not max_per_quant: return q, fp16_rounded(amax / 127)
   # rounding is monotone, so the largest rounded magnitude / 127 is the rounded largest one; rounded before the max, the
   # rounding's bitcasts read no reduce (tinygrad realizes one that they read by a kernel of its own)
   return q, fp16_rounded(magnitudes / 127).max(axis=-1, keepdim=True)

@@ -66,3 +66,20 @@ def test_fp16_rounding_on_the_bits_matches_numpys(rng: np.random.Generator):
   ties = [1 + 2**-11, 1 + 3 * 2**-11, 2**-25, 3 * 2**-25, 1.5 * 2**-24, 2.5 * 2**-24]   # halfway, to even either way
   v = np.concatenate([rng.random(4096) * 10.0 ** rng.integers(-9, 5, 4096), [0, 2**-24, 2**-14, 65504], ties]).astype(np.float32)
   np.testing.assert_array_equal(fp16_rounded(Tensor(v)).numpy(), v.astype(np.float16).astype(np.float32))
+
+def test_quantizing_x_is_one_kernel_and_rounding_it_as_ggml_two(rng: np.random.Generator):
+  """Int8Rows.quantize writes its buffer in one kernel (each block's largest magnitude taken where the quants are
+  written); x rounded as ggml rounds it for a Q8_0 dot (q * d, the plain path) stays two kernels, the blocks' largest
+  magnitudes and then the rounded values. Both hold gguf's Q8_0."""
+  from tinygrad import GlobalCounters
+  from quant.activations import round_activations
+  x = rng.standard_normal((4, 256)).astype(np.float32)
+  q, d = gguf_q8_0(x)
+  def realized(t: Tensor, kernels: int) -> np.ndarray:
+    GlobalCounters.reset()
+    out = t.realize()
+    assert GlobalCounters.kernel_count == kernels
+    return out.numpy()
+  np.testing.assert_array_equal(realized(Int8Rows.quantize(Tensor(x).realize()).blocks, 1)[..., 8].copy().view(np.float32), d)
+  rounded = realized(round_activations(Tensor(x).realize(), T.Q4_0, "ggml"), 2)
+  np.testing.assert_array_equal(rounded, (q.astype(np.float32) * d[..., None]).reshape(x.shape))
