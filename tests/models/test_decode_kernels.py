@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from ops.kernels import jit_kernels
+from models.moe import MoE
 from models.runtime import Runtime
 from profiles.hints import resolve
 from models.synth import synthesize
@@ -109,6 +110,6 @@ def test_latent_blocks_normalize_the_latent_where_the_cache_is_written(tmp_path)
   base = outs["fused"][0]
   np.testing.assert_allclose(outs["single"][0], base, rtol=1e-4, atol=1e-4 * np.abs(base).max())
   assert outs["single"][1] == outs["fused"][1]
-  n_moe = sum(type(b.ffn).__name__ == "MoE" for b in rt.model.blocks)
+  n_moe = sum(isinstance(b.ffn, MoE) for b in rt.model.blocks)
   assert outs["single"][2] == 11 * (rt.cfg.n_layers - n_moe) + 16 * n_moe + 3
   assert outs["fused"][2] == outs["single"][2] + rt.cfg.n_layers
