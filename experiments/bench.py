@@ -18,6 +18,7 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from experiments import journal, peer_llamacpp
 from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
+from experiments.quality import Probe
 from experiments.profile import attribute, buffer_labels, weight_bytes
 from experiments.steady import back_to_back_ms, queued
 from quant.files import file_sha256
@@ -103,8 +104,9 @@ def prompt_length(depth: int) -> int:
   tg at depth 0 decodes from an empty context, its first token at position 0)."""
   return max(depth, 1)
 
-def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
-  """A record for each of cfg.depths, in order."""
+def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None) -> list[dict]:
+  """A record for each of cfg.depths, in order; with `quality`, each carries the perplexity (and divergence from the
+  probe's base) that it measured on the same runtime."""
   path = cfg.model_file(path)
   if not cfg.depths or min(cfg.depths) < 0: raise ValueError(f"depths must be whole numbers >= 0, got {list(cfg.depths)}")
   # the peers first, with the device to themselves: beside this process's copy of Mixtral, llama.cpp could not load its own
@@ -112,7 +114,7 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
   patches.install()
   patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
-  rt = cfg.runtime(path, max(cfg.pp, prompt_length(max(cfg.depths)) + cfg.warmup + cfg.tokens + 8))
+  rt = cfg.runtime(path, max(cfg.pp, prompt_length(max(cfg.depths)) + cfg.warmup + cfg.tokens + 8, quality.ctx if quality else 0))
   load_s = time.perf_counter() - t0
   rt.check_fits(cfg.pp)
   for depth in cfg.depths: rt.check_fits(prompt_length(depth), cfg.warmup + cfg.tokens + 2)
@@ -126,6 +128,9 @@ def bench(path: Path, name: str, cfg: BenchConfig) -> list[dict]:
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
   start = cached_start(rt)
   for record in records: record["metrics"]["cached_start_s"] = start
+  if quality is not None:
+    measured = quality(rt)
+    for record in records: record["quality"] = measured
   for record, at_depth in zip(records, peers):
     if at_depth: record["peer"], record["peers"] = at_depth[0], at_depth
   return records

@@ -4,11 +4,13 @@ import dataclasses
 import datetime
 import functools
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 import yaml
 from experiments.bench import BenchConfig, bench
+from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import model_label
 from profiles.hints import HINTS, check
 
@@ -29,6 +31,11 @@ def _depths(value: Any) -> tuple[int, ...]:
     raise ValueError(f"depth must be a whole number >= 0 or a list of them, got {value!r}")
   return tuple(depths)
 
+def _text(value: Any) -> str:
+  if not isinstance(value, str) or not value: raise ValueError(f"text must be a file name, got {value!r}")
+  return value
+
+QUALITY_KEYS: dict[str, Callable[[Any], Any]] = {"text": _text, **{k: functools.partial(_typed, k, int) for k in ("ctx", "chunks")}}
 BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k, int) for k in ("tokens", "pp", "warmup", "ctx")}, "depths": _depths}
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Experiment:
   model: str
   reproduces: str             # which journal entry of seed 003 it re-runs
   bench: dict[str, int]       # BenchConfig fields shared by every variant
+  quality: dict[str, Any]     # perplexity and KL divergence from the baseline per variant, if asked: text, ctx, chunks
   baseline: Variant
   variants: tuple[Variant, ...]
 
@@ -74,7 +82,8 @@ def load(path: Path) -> Experiment:
   baseline, variants = _variant(where, raw["baseline"]), tuple(_variant(where, v) for v in raw["variants"])
   if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
   return Experiment(path.stem, str(raw["description"]).strip(), str(raw["model"]), str(raw.get("reproduces", "")).strip(),
-                    _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants)
+                    _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS),
+                    baseline, variants)
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
@@ -96,22 +105,31 @@ def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
   return [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
 
 def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig | None = None,
-        only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
+        only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None,
+        progress: bool = False) -> list[dict]:
   """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
-  experiment's), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline. Returns the
-  records."""
+  experiment's), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline. Where the
+  experiment asks for quality, each variant's records carry its perplexity and, the baseline's excepted, its KL
+  divergence from the baseline. Returns the records."""
   chosen, base = chosen_variants(exp, only), base or BenchConfig()   # made here: its hints' defaults choose tinygrad's device
   name = model or exp.model
   path = model_path(name)
   run_id = f"{exp.name}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
   records = []
-  for v in chosen:
-    cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
-    for measured in bench(path, model_label(name), cfg):
-      record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
-      on_record(record)
-      records.append(record)
+  with tempfile.TemporaryDirectory(prefix="tinyzoo-quality-") as workdir:
+    probe = quality_probe(exp.quality, workdir, progress) if exp.quality else None
+    for v in chosen:
+      cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
+      for measured in bench(path, model_label(name), cfg, probe):
+        record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
+        on_record(record)
+        records.append(record)
   return records
+
+def quality_probe(spec: dict[str, Any], workdir: str, progress: bool = False) -> Probe:
+  """An experiment's `quality` table as a probe: its text (default the system's, experiments/quality.py), ctx (default
+  512) and chunks (default all)."""
+  return Probe(spec.get("text", DEFAULT_TEXT), spec.get("ctx", DEFAULT_CTX), spec.get("chunks"), workdir, progress)
 
 def results_table(records: list[dict]) -> str:
   """Variants beside their baseline at the same depth: kernels/token, tok/s and prompt processing tok/s with the changes
@@ -119,6 +137,8 @@ def results_table(records: list[dict]) -> str:
   bases = {r["metrics"]["depth"]: r["metrics"] for r in records if r["baseline"]}
   head = (f"{'variant':<24} {'depth':>6} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8} "
           f"{'pp tok/s':>9} {'Δ pp':>8} {'llama.cpp':>9}")
+  with_quality = any("quality" in r for r in records)
+  if with_quality: head += f" {'perplexity':>10} {'KL':>9} {'top-1':>7}"
   lines = [head, "-" * len(head)]
   for r in records:
     m = r["metrics"]
@@ -128,13 +148,19 @@ def results_table(records: list[dict]) -> str:
     peer = f"{r['peer']['tok_s']:>9.2f}" if "peer" in r else f"{'-':>9}"
     lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['depth']:>6} {m['kernels_per_token']:>11} {dk:>+9} "
                  f"{m['tok_s']:>8.2f} {ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f} {m['pp_tok_s']:>9.1f} "
-                 f"{dp:>+7.1f}% {peer}")
+                 f"{dp:>+7.1f}% {peer}" + (quality_columns(r.get("quality")) if with_quality else ""))
   return "\n".join(lines)
+
+def quality_columns(q: dict | None) -> str:
+  if q is None: return f" {'-':>10} {'-':>9} {'-':>7}"
+  kl, top1 = (f"{q['kl_mean']:>9.6f}", f"{100 * q['top1']:>6.2f}%") if "kl_mean" in q else (f"{'base':>9}", f"{'':>7}")
+  return f" {q['perplexity']:>10.4f} {kl} {top1}"
 
 def describe(exp: Experiment, journal_records: list[dict]) -> str:
   lines = [f"{exp.name}: {exp.description}", f"model: {exp.model}"]
   if exp.reproduces: lines.append(f"reproduces: {exp.reproduces}")
   if exp.bench: lines.append("bench: " + ", ".join(f"{k}={v}" for k, v in exp.bench.items()))
+  if exp.quality: lines.append("quality: " + ", ".join(f"{k}={v}" for k, v in exp.quality.items()) + " (perplexity; KL divergence from the baseline)")
   for v in exp.all_variants:
     switches = ", ".join(f"{k}={v}" for k, v in v.switches.items()) or "defaults"
     lines.append(f"  {'baseline' if v is exp.baseline else 'variant '} {v.name:<22} {switches}")

@@ -1,6 +1,6 @@
 """Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run, speed against the memory
-floor and the peers, the kernel mix, tok/s over commits, prompt processing per model against the peer's, and decode tok/s
-against the depth of context before it beside the peer's at the same depths.
+floor and the peers, the kernel mix, tok/s over commits, prompt processing per model against the peer's, decode tok/s
+against the depth of context before it beside the peer's at the same depths, and tok/s against KL divergence per variant.
 
 Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), written whole or not at all: saved to a
 temp file beside the target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
@@ -368,7 +368,36 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''} · {models}\n{devices}", fontsize=10)
   return fig, []
 
-DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp, "depth": _depth}
+def _quality(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  """The speed/quality frontier of an experiment's latest run, a panel per model and device: each variant's decode
+  tok/s against its mean KL divergence from the baseline (the baseline at 0), labelled with its perplexity."""
+  def measured(r: dict) -> bool:
+    q = r.get("quality")
+    return _number(_metrics(r).get("tok_s")) and isinstance(q, dict) and _number(q.get("perplexity")) and \
+      (r.get("baseline") or _number(q.get("kl_mean")))
+  panels = _panels(records, experiment, model, measured, "metrics.tok_s and quality (an experiment with `quality:`)", notes)
+  fig, axes = _grid(len(panels), 6.0, 4.4)
+  for ax, p in zip(axes, panels):
+    for r in p.records:
+      q, tok = r["quality"], _metrics(r)["tok_s"]
+      kl = 0.0 if r.get("baseline") else q["kl_mean"]
+      ax.scatter([kl], [tok], s=60, zorder=3, **({"color": BASELINE_COLOR, "marker": "s", "edgecolor": "black"} if r.get("baseline")
+                                                 else {"color": VARIANT_COLOR, "edgecolor": "black"}))
+      ax.annotate(f"{r['variant']}\nppl {q['perplexity']:.3f}", (kl, tok), textcoords="offset points", xytext=(6, 4), fontsize=7, bbox=LABEL_BOX)
+    toks = [_metrics(r)["tok_s"] for r in p.records]
+    kls = [0.0 if r.get("baseline") else r["quality"]["kl_mean"] for r in p.records]
+    ax.set_xlim(-0.05 * (max(kls) or 1e-3), 1.35 * (max(kls) or 1e-3))
+    ax.set_ylim(0, max(toks) * 1.25)
+    q0 = p.records[0]["quality"]
+    ax.set_xlabel(f"mean KL divergence from the baseline ({q0.get('tokens')} tokens, ctx {q0.get('ctx')})", fontsize=9)
+    ax.set_ylabel("tok/s (decode)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_title(p.title, fontsize=10)
+  handles = [Line2D([], [], color=BASELINE_COLOR, marker="s", mec="black", ls="", label="baseline"),
+             Line2D([], [], color=VARIANT_COLOR, marker="o", mec="black", ls="", label="variant")]
+  return fig, handles
+
+DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp, "depth": _depth, "quality": _quality}
 
 def figure(records: list[dict], kind: str, experiment: str | None = None, model: str | None = None) -> Figure:
   """The chart as a matplotlib Figure (not saved); ValueError, one line, when there is nothing to draw."""

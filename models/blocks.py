@@ -193,6 +193,9 @@ class Transformer:
 
   def head(self, x: Tensor, last: sint | None = None) -> Tensor:
     """The blocks' output [B, T, dim] -> logits [B, vocab] at the last position, or at row `last`."""
-    x = x[:, -1] if last is None else x.shrink(((0, x.shape[0]), (last, last + 1), (0, x.shape[2])))[:, 0]
+    return self.logits(x[:, -1] if last is None else x.shrink(((0, x.shape[0]), (last, last + 1), (0, x.shape[2])))[:, 0])
+
+  def logits(self, x: Tensor) -> Tensor:
+    """The blocks' output [..., dim] -> logits [..., vocab] at every row."""
     logits = self.lm_head(normed_input(x, self.output_norm, self.cfg.norm_eps, self.norm))
     return logits if self.cfg.final_softcap is None else (logits / self.cfg.final_softcap).tanh() * self.cfg.final_softcap

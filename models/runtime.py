@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
+import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.uop.ops import UOp
 from ops.kernels import count_kernels
@@ -74,6 +75,7 @@ class Runtime:
     self.device = device
     self._decode = TinyJit(self._forward)
     self._prefill, self._head = TinyJit(self._chunk), TinyJit(self._logits)
+    self._rows = TinyJit(self._logprobs)   # every row's next-token log-probabilities (perplexity); not kept across runs
     self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
     self._prefill_pos = UOp.variable("prefill_pos", 0, self.max_context - 1)
     self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
@@ -142,6 +144,7 @@ class Runtime:
   def _forward(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model(tokens, start_pos).realize()
   def _chunk(self, tokens: Tensor, start_pos: UOp) -> Tensor: return self.model.hidden(tokens, start_pos).realize()
   def _logits(self, x: Tensor, last: UOp) -> Tensor: return self.model.head(x, last).realize()
+  def _logprobs(self, x: Tensor) -> Tensor: return self.model.logits(x[0]).float().log_softmax(-1).realize()
 
   def check_fits(self, n_prompt: int, n_new: int = 0):
     if n_prompt + n_new > self.max_context:
@@ -168,6 +171,19 @@ class Runtime:
         part = ids[pos:pos + self.chunk]
         x = self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
       return self._head(x, self._prefill_last.bind(len(part) - 1))
+
+  def logprobs(self, ids: list[int], first: int = 0) -> np.ndarray:
+    """Runs `ids` from position 0 through the prefill JIT and returns the next token's log-probabilities at each
+    position from `first` on: [len(ids) - first, vocab] float32, each row a log-softmax over the vocabulary."""
+    if not 0 <= first < len(ids): raise ValueError(f"first row {first} outside a sequence of {len(ids)} tokens")
+    self.check_fits(len(ids))
+    rows = []
+    with self.kernels:
+      for pos in range(0, len(ids), self.chunk):
+        part = ids[pos:pos + self.chunk]
+        x = self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
+        if pos + len(part) > first: rows.append(self._rows(x).numpy()[max(first - pos, 0):len(part)])
+    return np.concatenate(rows)
 
   def decode(self, token: int | Tensor, pos: int) -> Tensor:
     """Logits [1, vocab] after feeding `token` (an id, or a [1, 1] int32 device tensor such as a sampled one) at `pos`."""

@@ -103,6 +103,10 @@ def bench_config(args, path):
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
 
+def cmd_perplexity(args) -> None:
+  from tinyzoo.run import cmd_perplexity as perplexity
+  perplexity(args)
+
 def cmd_hints(args) -> None:
   import json
   from profiles.device import resolve_hints
@@ -147,7 +151,7 @@ def cmd_exp(args) -> None:
     named.chosen_variants(exp, args.variant)
     hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)
     base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench)
-    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args))
+    records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args), progress=sys.stderr.isatty())
     print(named.results_table(records))
 
 def cmd_plot(args) -> None:
@@ -200,11 +204,11 @@ def cmd_synth(args) -> None:
   from models.synth import synthesize
   print(synthesize(args.preset, args.output, args.quant, args.seed, args.layers))
 
-def add_model_options(s: argparse.ArgumentParser, **defaults) -> None:
+def add_model_options(s: argparse.ArgumentParser, ctx: bool = True, **defaults) -> None:
   """Every kernel hint as a flag (profiles/hints.py; `defaults` are this command's own), and the options of building a
-  model that are no hints."""
+  model that are no hints (--ctx unless the command gives it a meaning of its own)."""
   from profiles.hints import add_flags
-  s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
+  if ctx: s.add_argument("--ctx", type=int, default=None, help="context length to allocate the KV cache for (default 2048, capped by the model's)")
   s.add_argument("--no-profile", action="store_true", help="ignore this device's profile (profiles/<device>.yaml): its hints, and the GPU "
                  "matvec sizes tuned per kernel shape (the built-in ones instead)")
   add_flags(s, **defaults)
@@ -300,6 +304,28 @@ def parser() -> argparse.ArgumentParser:
   add_cache_option(s)
   s.set_defaults(fn=cmd_logits)
 
+  s = sub.add_parser("perplexity", help="perplexity of a text, and KL divergence from a base model, as llama.cpp's llama-perplexity computes them",
+                     description="Cuts the text's tokens into windows of --ctx tokens (at least two), runs each from position 0 (its first "
+                                 "token replaced by BOS where the model adds one) and scores its second half: perplexity is exp of the mean "
+                                 "negative log-probability of each next token, as llama-perplexity -c N reports it. With --kl-divergence it "
+                                 "also compares each scored position's distribution with a base's: mean KL(base || model) and its 99th "
+                                 "percentile, how often both rank the same token first, and the ratio of the perplexities. By default its "
+                                 "matmuls compute as llama.cpp's CPU ones do (--rounding ggml --prefill packed): on the real models its figure "
+                                 "then equals llama-perplexity's with an fp32 KV cache and flash attention off (-fa off -ctk f32 -ctv f32).")
+  s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=MODEL_HELP)
+  s.add_argument("-f", "--file", help="UTF-8 text to score (default: /usr/share/common-licenses/GPL-3, which Debian and Ubuntu systems ship)")
+  s.add_argument("--ctx", type=int, default=512, help="tokens a window, as llama-perplexity's -c (default 512)")
+  s.add_argument("--chunks", type=int, default=None, help="score only the first K windows, as llama-perplexity's --chunks (default: all)")
+  s.add_argument("--kl-divergence", metavar="BASE", help="compare with a base: another GGUF file (or registered model) of the same vocabulary, "
+                 "run here on the same windows, or log-probabilities saved by --save-base")
+  s.add_argument("--save-base", metavar="FILE", help="save this model's log-probabilities at the scored positions (float32, vocabulary x "
+                 "ctx/2 a window) for a later --kl-divergence FILE; written whole or not at all")
+  s.add_argument("--json", action="store_true", help='print {"perplexity", "tokens" (scored), "windows", "ctx"} and, against a base, '
+                 '"kl_mean", "kl_p99", "top1", "base_perplexity", "ppl_ratio"')
+  add_model_options(s, ctx=False, rounding="ggml", prefill="packed")
+  add_cache_option(s)
+  s.set_defaults(fn=cmd_perplexity)
+
   s = sub.add_parser("cache", help="the captured JITs kept across runs: where, how many, how large; --clear removes them",
                      description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
                                  "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
@@ -369,12 +395,14 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_exp)
 
   from experiments.journal import KINDS   # not experiments.plot: matplotlib takes half a second to import
-  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing, depth",
+  s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing, "
+                     "depth, quality",
                      description="kernels: kernels/token per experiment variant with tok/s on a second axis; speed: tok/s per variant "
                                  "against the memory floor and peer engines; breakdown: kernels per category, stacked; history: tok/s "
                                  "and kernels/token over commits; pp: prompt processing tok/s per model beside llama.cpp's of the same "
                                  "prompt length (bench --pp), the newest record of each; depth: decode tok/s against the depth of context "
-                                 "before it (bench --depth), a line per variant and one per peer at the same depths. Experiments show "
+                                 "before it (bench --depth), a line per variant and one per peer at the same depths; quality: decode tok/s "
+                                 "against mean KL divergence from the baseline per variant (experiments with quality:). Experiments show "
                                  "their latest run.")
   s.add_argument("journal", nargs="?", default=None, help="a journal file (default: yours, $TINYZOO_JOURNAL or "
                  "~/.local/share/tinyzoo/journal.jsonl; the project's records are results/journal.jsonl)")

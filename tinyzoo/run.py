@@ -1,5 +1,7 @@
 """`tinyzoo run` (stream a generation) and `tinyzoo logits` (top logits and greedy tokens as JSON)."""
+import argparse
 import json
+import os
 import sys
 import time
 from models.catalog import resolve_model
@@ -83,3 +85,26 @@ def parse_ids(text: str, vocab_size: int) -> list[int]:
   except ValueError: raise ValueError(f"--tokens takes comma-separated integers, got {text!r}") from None
   if not ids or not all(0 <= i < vocab_size for i in ids): raise ValueError(f"--tokens needs ids in [0, {vocab_size}), got {text!r}")
   return ids
+
+def cmd_perplexity(args) -> None:
+  from experiments.quality import DEFAULT_TEXT, SavedBase, measure, model_windows, read_text
+  text_path = args.file or DEFAULT_TEXT
+  if args.file is None and not DEFAULT_TEXT.exists(): raise ValueError(f"no -f TEXT given and no default text at {DEFAULT_TEXT}")
+  text = read_text(text_path)
+  rt = load(args, args.ctx)
+  w = model_windows(rt.tokenizer, text, args.ctx, args.chunks, str(text_path))
+  base = None
+  if args.kl_divergence is not None:
+    if args.kl_divergence.endswith(".gguf") or not os.path.isfile(args.kl_divergence):
+      other = load(argparse.Namespace(**{**vars(args), "model": args.kl_divergence}), args.ctx)
+      if other.cfg.vocab_size != rt.cfg.vocab_size or other.tokenizer.encode(text) != list(w.tokens):
+        raise ValueError(f"{args.kl_divergence} is not the same model's vocabulary: it tokenizes the text otherwise")
+      base = lambda i: other.logprobs(w.window(i), w.first)[:-1]
+    else:
+      saved = SavedBase(args.kl_divergence)
+      saved.check(w, rt.cfg.vocab_size)
+      base = lambda i: saved.rows[i]
+  save = SavedBase.writer(args.save_base, w, rt.cfg.vocab_size, os.path.basename(rt.path)) if args.save_base else None
+  q = measure(rt.logprobs, w, base, save, progress=sys.stderr.isatty())
+  keep(rt)
+  print(json.dumps(q.summary()) if args.json else q.line())

@@ -65,6 +65,30 @@ variants:
   assert split["kernel_categories"] == {**full["kernel_categories"], "elementwise": full["kernel_categories"]["elementwise"] + 4}
   assert "ffn split" in named.results_table(records)
 
+def test_experiment_quality_is_each_variants_divergence_from_the_baseline(tiny: Path, tmp_path: Path):
+  """An experiment with `quality:` records each variant's perplexity on the same windows, and its KL divergence from the
+  baseline's distributions: none for a variant that computes the same values, some for one that rounds them otherwise."""
+  defs, text = tmp_path / "defs", tmp_path / "text.txt"
+  defs.mkdir()
+  text.write_text("The quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 6)
+  (defs / "q.yaml").write_text(f"""
+description: rounding's cost in answers
+model: tiny
+bench: {{depths: 4, tokens: 3, pp: 6, warmup: 1}}
+quality: {{text: {text}, ctx: 16, chunks: 3}}
+baseline: {{name: exact, switches: {{rounding: exact}}}}
+variants:
+  - {{name: exact again, switches: {{rounding: exact, row_upcast: 0}}}}
+  - {{name: ggml, switches: {{rounding: ggml}}}}
+""")
+  records = named.run(named.find("q", defs), lambda name: tiny, base=BenchConfig(peer=False))
+  base, same, ggml = (r["quality"] for r in records)
+  assert base["windows"] == same["windows"] == 3 and base["tokens"] == 3 * 7 and base["text"] == str(text) and "kl_mean" not in base
+  assert same["kl_mean"] < 1e-6 and same["top1"] == 1 and same["perplexity"] == pytest.approx(base["perplexity"], rel=1e-4)
+  assert ggml["kl_mean"] > 100 * max(same["kl_mean"], 1e-9) and ggml["base_perplexity"] == pytest.approx(base["perplexity"])
+  table = named.results_table(records).splitlines()
+  assert "perplexity" in table[0] and f"{ggml['kl_mean']:.6f}" in table[-1] and f"{base['perplexity']:.4f}" in table[2]
+
 def test_codegen_switches_apply_to_each_run(tiny: Path):
   """Two runs in one process differing only in how kernels are optimized: the second compiles its own kernels."""
   def row_upcast_kernels() -> int:

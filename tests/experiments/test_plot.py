@@ -40,6 +40,9 @@ def records() -> list[dict]:
   rounding = [variant("22T03:00:00", "rounding", "run-r", "exact", True, model="gemma3-270m", kpt=367, tok_s=3.3),
               variant("22T03:01:00", "rounding", "run-r", "ggml", model="gemma3-270m", kpt=519, tok_s=2.9),
               variant("22T03:02:00", "rounding", "run-r", "ggml_no_kv16", model="gemma3-270m", kpt=480, tok_s=3.0, cats=False)]
+  for i, r in enumerate(strategy + rounding):   # quality measured beside speed: perplexity, and KL divergence from the baseline
+    r["quality"] = {"perplexity": 11.0 + i / 10, "tokens": 255, "windows": 1, "ctx": 512,
+                    **({} if r["baseline"] else {"kl_mean": 0.001 * i, "top1": 0.99 - i / 100})}
   return old + history + strategy_old + strategy + rounding
 
 def check_png(path: Path) -> None:
@@ -52,7 +55,7 @@ def check_png(path: Path) -> None:
 
 VARIANTS = {"kernels": ["packed_dot", "fused", "dequant_cache_fp16", "exact", "ggml"], "speed": ["packed_dot", "fused", "exact", "ggml"],
             "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"], "pp": ["0.09x", "llama.cpp"],
-            "depth": ["tinyzoo", "llama.cpp", "depth: tokens of context"]}
+            "depth": ["tinyzoo", "llama.cpp", "depth: tokens of context"], "quality": ["packed_dot", "fused", "exact", "ggml", "mean KL divergence"]}
 
 @pytest.mark.parametrize("kind", plot.KINDS)
 def test_each_kind_renders_png_and_svg(kind: str, records: list[dict], tmp_path: Path):
@@ -189,6 +192,7 @@ def test_missing_fields_never_crash(kind: str, records: list[dict]):
     assert plot.figure(mixed, kind).axes
   # a field gone from every record: the charts that need it say so in one line, the others draw
   needs = {"metrics": "prompt processing" if kind == "pp" else "metrics.depth" if kind == "depth" else
+           "metrics.tok_s and quality" if kind == "quality" else
            f"metrics.{'tok_s' if kind in ('speed', 'history') else 'kernel_categories' if kind == 'breakdown' else 'kernels_per_token'}",
            "variant": "without a variant name" if kind not in ("history", "pp", "depth") else None}
   for field in ("metrics", "time", "run", "variant"):
@@ -235,3 +239,24 @@ def test_depth_lines_of_bench_records_are_the_switches_that_differ(records: list
   legend = [t.get_text() for t in fig.legends[0].get_texts()]
   assert {"split_kv=0, strategy=packed_words", "split_kv=8, strategy=packed_words"} <= set(legend)   # the fixture's gemma3 records differ in strategy
   assert not any("expert_tile" in name for name in legend)
+
+def test_quality_draws_each_variant_at_its_divergence_and_speed(records: list[dict]):
+  """The speed/quality frontier: each variant of the latest run a point at (mean KL divergence from the baseline, tok/s),
+  the baseline at 0, each labelled with its perplexity; a run without quality is named as the reason for no chart."""
+  def q(name: str, tok_s: float, ppl: float, kl: float | None, run: str = "run-q") -> dict:
+    r = variant(f"25T0{len(runs)}:00:00", "q4-formats", run, name, kl is None, tok_s=tok_s)
+    r["quality"] = {"perplexity": ppl, "tokens": 255, "windows": 1, "ctx": 512, **({} if kl is None else {"kl_mean": kl, "top1": 0.97})}
+    runs.append(r)
+    return r
+  runs: list[dict] = []
+  q("Q4_0 copy", 9.0, 9.1, None, run="run-old")
+  q("Q4_0 copy", 10.0, 11.5, None)
+  q("Q4_K copy", 8.0, 11.2, 0.012)
+  q("Q8_0 copy", 6.0, 11.0, 0.002)
+  fig = plot.figure(records + runs, "quality", experiment="q4-formats")
+  (ax,) = [a for a in fig.axes if a.get_title()]
+  points = sorted(tuple(map(float, c.get_offsets()[0])) for c in ax.collections)
+  assert points == [(0.0, 10.0), (0.002, 6.0), (0.012, 8.0)]
+  assert sorted(t.get_text() for t in ax.texts) == ["Q4_0 copy\nppl 11.500", "Q4_K copy\nppl 11.200", "Q8_0 copy\nppl 11.000"]
+  speed_only = [{k: v for k, v in r.items() if k != "quality"} for r in records]
+  with pytest.raises(ValueError, match="has metrics.tok_s and quality"): plot.figure(speed_only, "quality", experiment="strategy")
