@@ -370,7 +370,8 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
 
 def _quality(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
   """The speed/quality frontier of an experiment's latest run, a panel per model and device: each variant's decode
-  tok/s against its mean KL divergence from the baseline (the baseline at 0), labelled with its perplexity."""
+  tok/s against its mean KL divergence from the baseline (the baseline at 0), labelled with its perplexity, and the peers'
+  tok/s measured in the run."""
   def measured(r: dict) -> bool:
     q = r.get("quality")
     return _number(_metrics(r).get("tok_s")) and isinstance(q, dict) and _number(q.get("perplexity")) and \
@@ -378,13 +379,19 @@ def _quality(records: list[dict], experiment: str | None, model: str | None, not
   panels = _panels(records, experiment, model, measured, "metrics.tok_s and quality (an experiment with `quality:`)", notes)
   fig, axes = _grid(len(panels), 6.0, 4.4)
   for ax, p in zip(axes, panels):
-    for r in p.records:
+    # labels of neighbouring speeds alternate above and below their points
+    for i, r in enumerate(sorted(p.records, key=lambda r: _metrics(r)["tok_s"])):
       q, tok = r["quality"], _metrics(r)["tok_s"]
       kl = 0.0 if r.get("baseline") else q["kl_mean"]
       ax.scatter([kl], [tok], s=60, zorder=3, **({"color": BASELINE_COLOR, "marker": "s", "edgecolor": "black"} if r.get("baseline")
                                                  else {"color": VARIANT_COLOR, "edgecolor": "black"}))
-      ax.annotate(f"{r['variant']}\nppl {q['perplexity']:.3f}", (kl, tok), textcoords="offset points", xytext=(6, 4), fontsize=7, bbox=LABEL_BOX)
-    toks = [_metrics(r)["tok_s"] for r in p.records]
+      ax.annotate(f"{r['variant']}\nppl {q['perplexity']:.3f}", (kl, tok), textcoords="offset points", xytext=(6, 4 if i % 2 else -22),
+                  fontsize=7, bbox=LABEL_BOX)
+    for peer in (peer for r in p.records for peer in _peers(r)):
+      ax.axhline(peer["tok_s"], color=PEER_STYLES[0][0], ls=PEER_STYLES[0][1], lw=1.5, zorder=1)
+      ax.text(0.995, peer["tok_s"], f"{short_engine(peer)} {peer['tok_s']:.1f} tok/s", transform=ax.get_yaxis_transform(), ha="right",
+              va="bottom", fontsize=7, color=PEER_STYLES[0][0], bbox=LABEL_BOX)
+    toks = [_metrics(r)["tok_s"] for r in p.records] + [peer["tok_s"] for r in p.records for peer in _peers(r)]
     kls = [0.0 if r.get("baseline") else r["quality"]["kl_mean"] for r in p.records]
     ax.set_xlim(-0.05 * (max(kls) or 1e-3), 1.35 * (max(kls) or 1e-3))
     ax.set_ylim(0, max(toks) * 1.25)
