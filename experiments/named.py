@@ -50,9 +50,10 @@ class Experiment:
   model: str
   reproduces: str             # which journal entry of seed 003 it re-runs
   bench: dict[str, int]       # BenchConfig fields shared by every variant
-  quality: dict[str, Any]     # perplexity and KL divergence from the baseline per variant, if asked: text, ctx, chunks
   baseline: Variant
   variants: tuple[Variant, ...]
+  quality: dict[str, Any] = dataclasses.field(default_factory=dict)   # if asked, each variant's perplexity and KL divergence
+                                                                      # from the baseline: text, ctx, chunks
 
   @property
   def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
@@ -82,8 +83,8 @@ def load(path: Path) -> Experiment:
   baseline, variants = _variant(where, raw["baseline"]), tuple(_variant(where, v) for v in raw["variants"])
   if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
   return Experiment(path.stem, str(raw["description"]).strip(), str(raw["model"]), str(raw.get("reproduces", "")).strip(),
-                    _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS),
-                    baseline, variants)
+                    _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants,
+                    _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS))
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
