@@ -66,6 +66,11 @@ def model_windows(tokenizer, text: str, ctx: int, chunks: int | None, name: str 
   where it adds one)."""
   return windows(tokenizer.encode(text), ctx, chunks, tokenizer.bos_id if tokenizer.vocab.add_bos else None, name)
 
+def scored_rows(logprobs: Callable[[list[int], int], np.ndarray], w: Windows, i: int) -> np.ndarray:
+  """Window i's log-probabilities at its scored positions, from `logprobs(ids, first)` (a model's rows from `first` on;
+  the last position predicts past the window)."""
+  return logprobs(w.window(i), w.first)[:-1]
+
 def nll(logprobs: np.ndarray, targets: np.ndarray) -> np.ndarray:
   """Each row's negative log-probability of its target, float64."""
   return -logprobs[np.arange(len(targets)), targets].astype(np.float64)
@@ -119,8 +124,8 @@ class Quality:
 
 class SavedBase:
   """Log-probabilities at the scored positions of every window, as one file: MAGIC, a JSON line (the windows' tokens,
-  ctx, count, vocabulary size, the model's file name), then float32 [count, ctx - 1 - ctx/2, vocab]. Written to a
-  temporary file beside the target and renamed into place when complete."""
+  ctx, count, vocabulary size, the model's file name), then float32 [count, ctx - 1 - ctx/2, vocab], as BaseWriter
+  writes it."""
   def __init__(self, path: str | os.PathLike):
     self.path = Path(path)
     try:
@@ -146,12 +151,11 @@ class SavedBase:
     if h["tokens"][:w.count * w.ctx] != list(w.tokens[:w.count * w.ctx]):
       raise QualityError(f"{self.path}: the base was computed on other tokens (another text or tokenizer)")
 
-  @staticmethod
-  def writer(path: str | os.PathLike, w: Windows, vocab: int, model: str) -> "BaseWriter": return BaseWriter(Path(path), w, vocab, model)
-
 class BaseWriter:
-  """Appends each window's scored log-probabilities; `done` renames the complete file into place, `abandon` removes it."""
-  def __init__(self, path: Path, w: Windows, vocab: int, model: str):
+  """A SavedBase file written to a temporary file beside `path`: `add` appends each window's scored log-probabilities,
+  `done` renames the complete file into place, `abandon` removes it."""
+  def __init__(self, path: str | os.PathLike, w: Windows, vocab: int, model: str):
+    path = Path(path)
     self.path, self.tmp = path, path.with_name(f".{path.name}.{os.getpid()}.tmp")
     header = {"tokens": list(w.tokens[:w.count * w.ctx]), "ctx": w.ctx, "count": w.count, "vocab": vocab, "model": model}
     try: self.f = open(self.tmp, "wb")
@@ -177,7 +181,7 @@ def measure(logprobs: Callable[[list[int], int], np.ndarray], w: Windows, base: 
   try:
     bar = tqdm(range(w.count), desc="perplexity", unit="window", disable=not progress)
     for i in bar:
-      rows = logprobs(w.window(i), w.first)[:-1]   # the last position predicts past the window
+      rows = scored_rows(logprobs, w, i)
       q.add(rows, w.targets(i), None if base is None else base(i))
       if save is not None: save.add(rows)
       bar.set_postfix_str(f"ppl {q.perplexity:.4f}" + (f", KL {np.concatenate(q.kl).mean():.5f}" if q.kl else ""))
@@ -198,7 +202,7 @@ class Probe:
     w = model_windows(rt.tokenizer, self.text, self.ctx, self.chunks, self.name)
     vocab = rt.cfg.vocab_size
     if self.base is None:
-      q = measure(rt.logprobs, w, save=SavedBase.writer(self.path, w, vocab, os.path.basename(rt.path)), progress=self.progress)
+      q = measure(rt.logprobs, w, save=BaseWriter(self.path, w, vocab, os.path.basename(rt.path)), progress=self.progress)
       self.base = SavedBase(self.path)
     else:
       self.base.check(w, vocab)

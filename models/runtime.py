@@ -165,25 +165,24 @@ class Runtime:
     """Runs the prompt from position 0 through the prefill JIT, a chunk at a time (the last one padded), then the head
     JIT on the last chunk's output alone. Returns the logits of the prompt's last token."""
     if not ids: raise ValueError("empty prompt")
-    self.check_fits(len(ids))
     with self.kernels:
-      for pos in range(0, len(ids), self.chunk):
-        part = ids[pos:pos + self.chunk]
-        x = self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
+      for pos, part, x in self._chunks(ids): pass   # every chunk run, the last one kept
       return self._head(x, self._prefill_last.bind(len(part) - 1))
+
+  def _chunks(self, ids: list[int]) -> Iterator[tuple[int, list[int], Tensor]]:
+    """Runs `ids` from position 0 through the prefill JIT a chunk at a time (the last one padded), yielding each chunk's
+    position, tokens and output (the JIT's buffer: read it before the next)."""
+    self.check_fits(len(ids))
+    for pos in range(0, len(ids), self.chunk):
+      part = ids[pos:pos + self.chunk]
+      yield pos, part, self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
 
   def logprobs(self, ids: list[int], first: int = 0) -> np.ndarray:
     """Runs `ids` from position 0 through the prefill JIT and returns the next token's log-probabilities at each
     position from `first` on: [len(ids) - first, vocab] float32, each row a log-softmax over the vocabulary."""
     if not 0 <= first < len(ids): raise ValueError(f"first row {first} outside a sequence of {len(ids)} tokens")
-    self.check_fits(len(ids))
-    rows = []
     with self.kernels:
-      for pos in range(0, len(ids), self.chunk):
-        part = ids[pos:pos + self.chunk]
-        x = self._prefill(self._prefill_tokens.write(part + [0] * (self.chunk - len(part))), self._prefill_pos.bind(pos))
-        if pos + len(part) > first: rows.append(self._rows(x).numpy()[max(first - pos, 0):len(part)])
-    return np.concatenate(rows)
+      return np.concatenate([self._rows(x).numpy()[max(first - pos, 0):len(part)] for pos, part, x in self._chunks(ids) if pos + len(part) > first])
 
   def decode(self, token: int | Tensor, pos: int) -> Tensor:
     """Logits [1, vocab] after feeding `token` (an id, or a [1, 1] int32 device tensor such as a sampled one) at `pos`."""

@@ -87,7 +87,7 @@ def parse_ids(text: str, vocab_size: int) -> list[int]:
   return ids
 
 def cmd_perplexity(args) -> None:
-  from experiments.quality import DEFAULT_TEXT, SavedBase, measure, model_windows, read_text
+  from experiments.quality import DEFAULT_TEXT, BaseWriter, SavedBase, measure, model_windows, read_text, scored_rows
   text_path = args.file or DEFAULT_TEXT
   if args.file is None and not DEFAULT_TEXT.exists(): raise ValueError(f"no -f TEXT given and no default text at {DEFAULT_TEXT}")
   text = read_text(text_path)
@@ -99,12 +99,12 @@ def cmd_perplexity(args) -> None:
       other = load(argparse.Namespace(**{**vars(args), "model": args.kl_divergence}), args.ctx)
       if other.cfg.vocab_size != rt.cfg.vocab_size or other.tokenizer.encode(text) != list(w.tokens):
         raise ValueError(f"{args.kl_divergence} is not the same model's vocabulary: it tokenizes the text otherwise")
-      base = lambda i: other.logprobs(w.window(i), w.first)[:-1]
+      base = lambda i: scored_rows(other.logprobs, w, i)
     else:
       saved = SavedBase(args.kl_divergence)
       saved.check(w, rt.cfg.vocab_size)
       base = lambda i: saved.rows[i]
-  save = SavedBase.writer(args.save_base, w, rt.cfg.vocab_size, os.path.basename(rt.path)) if args.save_base else None
+  save = BaseWriter(args.save_base, w, rt.cfg.vocab_size, os.path.basename(rt.path)) if args.save_base else None
   q = measure(rt.logprobs, w, base, save, progress=sys.stderr.isatty())
   keep(rt)
   print(json.dumps(q.summary()) if args.json else q.line())

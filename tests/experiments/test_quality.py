@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 import numpy as np
 import pytest
-from experiments.quality import DEFAULT_TEXT, Quality, QualityError, SavedBase, measure, windows
+from experiments.quality import DEFAULT_TEXT, BaseWriter, Quality, QualityError, SavedBase, measure, windows
 from models.catalog import resolve_model
 from models.runtime import Runtime
 from profiles.hints import resolve
@@ -65,7 +65,7 @@ def fake_logprobs(vocab: int, seed: int):
 
 def test_saved_base_is_written_whole_and_read_back(tmp_path: Path, rng: np.random.Generator):
   w, vocab, path = windows(rng.integers(0, 40, size=70).tolist(), 16, None, bos=1), 40, tmp_path / "base.logp"
-  base = measure(fake_logprobs(vocab, 1), w, save=SavedBase.writer(path, w, vocab, "m.gguf"))
+  base = measure(fake_logprobs(vocab, 1), w, save=BaseWriter(path, w, vocab, "m.gguf"))
   saved = SavedBase(path)
   saved.check(w, vocab)
   again = measure(fake_logprobs(vocab, 1), w, base=lambda i: saved.rows[i])
@@ -87,7 +87,7 @@ def test_an_interrupted_save_leaves_nothing(tmp_path: Path, rng: np.random.Gener
   def failing(ids: list[int], first: int) -> np.ndarray:
     if ids == w.window(2): raise KeyboardInterrupt
     return run(ids, first)
-  with pytest.raises(KeyboardInterrupt): measure(failing, w, save=SavedBase.writer(path, w, 40, "m.gguf"))
+  with pytest.raises(KeyboardInterrupt): measure(failing, w, save=BaseWriter(path, w, 40, "m.gguf"))
   assert path.read_bytes() == b"an earlier file" and sorted(p.name for p in tmp_path.iterdir()) == ["base.logp"]
 
 def test_bad_text_gets_one_line_and_status_1(tmp_path: Path):
