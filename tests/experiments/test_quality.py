@@ -1,6 +1,7 @@
 """Perplexity and KL divergence (experiments/quality.py, `tinyzoo perplexity`): the windows and their scoring against a
 float64 numpy forward pass, the divergence statistics against sums written out by hand, the saved base file whole or
-not at all, one-line errors, and the real models' figures against llama.cpp's llama-perplexity (stored fixtures)."""
+not at all, one-line errors, and the real models' figures against llama.cpp's (run through llama-cpp-python where it is
+installed, else llama-perplexity's stored figures)."""
 import json
 import math
 from pathlib import Path
@@ -115,12 +116,36 @@ def test_cli_compares_with_a_model_file_and_with_a_saved_base(tmp_path: Path):
   wrong = tinyzoo(*common, "--ctx", "8", "--kl-divergence", str(saved), cache=tmp_path / "jits")
   assert wrong.returncode == 1 and "the base was computed with --ctx 16, this run uses 8" in wrong.stderr and wrong.stderr.count("\n") == 1
 
+def llama_cpp_perplexity(llama_cpp, model: Path, text: Path, ctx: int, chunks: int) -> tuple[float, int]:
+  """llama-perplexity's figure computed through llama-cpp-python, with the fixtures' settings (fp32 KV cache, flash
+  attention off): the text tokenized as llama.cpp does, each window's first token BOS where the model adds one, each
+  window's logits from position ctx/2 on scored against the next token."""
+  llm = llama_cpp.Llama(model_path=str(model), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=2, logits_all=True, verbose=False,
+                        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
+  tokens = llm.tokenize(text.read_bytes(), add_bos=True, special=False)
+  bos = tokens[0] if tokens[0] == llm.token_bos() else None
+  nll = []
+  for i in range(min(chunks, len(tokens) // ctx)):
+    window = tokens[i * ctx:(i + 1) * ctx]
+    if bos is not None: window[0] = bos
+    llm.reset()
+    llm.eval(window)
+    nll += [-log_softmax64(llm.scores[j])[window[j + 1]] for j in range(ctx // 2, ctx - 1)]
+  return math.exp(np.mean(nll)), len(nll)
+
 @pytest.mark.skipif(not DEFAULT_TEXT.exists(), reason=f"no {DEFAULT_TEXT} on this system")
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_perplexity_equals_llama_perplexity_on_the_real_models(model: str, tmp_path: Path):
+  """Against llama.cpp run here where llama-cpp-python is installed (`make reference`), else its stored figure."""
   want = json.loads((FIXTURES / f"llama-perplexity-{model}.json").read_text())
   r = tinyzoo("perplexity", model, "--ctx", str(want["ctx"]), "--chunks", str(want["chunks"]), "--json", cache=tmp_path)
   assert r.returncode == 0, r.stderr
   got = json.loads(r.stdout)
   assert got["tokens"] == want["tokens"] and got["windows"] == want["chunks"]
+  try: import llama_cpp
+  except ImportError: llama_cpp = None
+  if llama_cpp is not None:
+    live, scored = llama_cpp_perplexity(llama_cpp, resolve_model(model), DEFAULT_TEXT, want["ctx"], want["chunks"])
+    assert scored == want["tokens"] and live == pytest.approx(want["perplexity"], rel=5e-3)   # the fixture is llama.cpp's
+    want["perplexity"] = live
   assert got["perplexity"] == pytest.approx(want["perplexity"], rel=5e-3)
