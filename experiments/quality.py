@@ -76,12 +76,19 @@ def nll(logprobs: np.ndarray, targets: np.ndarray) -> np.ndarray:
   return -logprobs[np.arange(len(targets)), targets].astype(np.float64)
 
 def divergence(base: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Rows of log-probabilities [n, vocab] -> each row's KL(base || model) and whether both rank the same token first."""
+  """Rows of log-probabilities [n, vocab] -> each row's KL(base || model) and whether both rank the same token first. Each
+  row is normalized again in float64 first (float32 log-probabilities sum to 1 only to float32's accuracy, which left
+  two near-equal distributions a KL below zero), and what float64 rounding leaves below zero is zero."""
   kl = np.empty(len(base))
   for s in range(0, len(base), ROWS_AT_ONCE):
-    b, m = base[s:s + ROWS_AT_ONCE].astype(np.float64), model[s:s + ROWS_AT_ONCE].astype(np.float64)
-    kl[s:s + ROWS_AT_ONCE] = (np.exp(b) * (b - m)).sum(-1)
+    b, m = (normalized(rows[s:s + ROWS_AT_ONCE].astype(np.float64)) for rows in (base, model))
+    kl[s:s + ROWS_AT_ONCE] = np.maximum((np.exp(b) * (b - m)).sum(-1), 0)
   return kl, base.argmax(-1) == model.argmax(-1)
+
+def normalized(logprobs: np.ndarray) -> np.ndarray:
+  """Log-probabilities [n, vocab] shifted so that each row's probabilities sum to 1."""
+  top = logprobs.max(-1, keepdims=True)
+  return logprobs - top - np.log(np.exp(logprobs - top).sum(-1, keepdims=True))
 
 @dataclass
 class Quality:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 import numpy as np
 import pytest
-from experiments.quality import DEFAULT_TEXT, BaseWriter, Quality, QualityError, SavedBase, measure, windows
+from experiments.quality import DEFAULT_TEXT, BaseWriter, Quality, QualityError, SavedBase, divergence, measure, windows
 from models.catalog import resolve_model
 from models.runtime import Runtime
 from profiles.hints import resolve
@@ -46,7 +46,9 @@ def test_divergence_statistics_against_sums_written_out(rng: np.random.Generator
   q = Quality(ctx=8)
   q.add(model[:200], targets[:200], base[:200])
   q.add(model[200:], targets[200:], base[200:])
-  kl = [sum(math.exp(b) * (b - m) for b, m in zip(map(float, base[i]), map(float, model[i]))) for i in range(n)]
+  # each row as float64 log-probabilities that sum to 1, then KL(base || model) term by term
+  exact = lambda row: (lambda r: [v - math.log(math.fsum(math.exp(v) for v in r)) for v in r])(list(map(float, row)))
+  kl = [math.fsum(math.exp(b) * (b - m) for b, m in zip(exact(base[i]), exact(model[i]))) for i in range(n)]
   s = q.summary()
   assert s["tokens"] == n and s["kl_mean"] == pytest.approx(sum(kl) / n, rel=1e-9)
   assert s["kl_p99"] == pytest.approx(sorted(kl)[int(0.99 * (n - 1))], rel=0.05)
@@ -56,6 +58,10 @@ def test_divergence_statistics_against_sums_written_out(rng: np.random.Generator
   same = Quality(ctx=8)
   same.add(base, targets, base)
   assert same.summary()["kl_mean"] == pytest.approx(0, abs=1e-12) and same.summary()["top1"] == 1 and same.summary()["ppl_ratio"] == 1
+  # the same distributions computed another way, equal to float32's accuracy: no KL below zero
+  near = np.stack([log_softmax64(r) for r in base.astype(np.float64) + rng.normal(0, 1e-6, size=base.shape)]).astype(np.float32)
+  kl, _ = divergence(base, near)
+  assert (kl >= 0).all() and kl.max() < 1e-9
 
 def fake_logprobs(vocab: int, seed: int):
   """log-probabilities that depend on the window's tokens alone, as a model's do."""
