@@ -12,6 +12,9 @@ GB/s each reached:
     gemma3: {norm: fold}
   matvec_sizes:
     2048x4x2x64x4: {sizes: '64,1,2,1', gb_s: 624.9}
+
+A profile may be `based_on` another in its folder (another part of the same chip, say): it starts from that one's hints,
+per-architecture hints and matvec sizes, and what it sets itself wins; tuning it writes only its own.
 """
 import contextlib
 import hashlib
@@ -72,7 +75,9 @@ def profile_path(device: str, folder: Path | None = None) -> Path:
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
-def _empty() -> dict: return {"device": None, "hints": {}, "architectures": {}, "tuned": None, "matvec_sizes": {}}
+def _empty() -> dict: return {"device": None, "based_on": None, "hints": {}, "architectures": {}, "tuned": None, "matvec_sizes": {}}
+
+KEYS = "device, based_on, hints, architectures, tuned, matvec_sizes"
 
 def _hints(path: Path, node: yaml.Node) -> dict:
   if not isinstance(node, yaml.MappingNode): raise _fail(path, node, "hints maps hint names to values (e.g. norm: break)")
@@ -84,8 +89,8 @@ def _hints(path: Path, node: yaml.Node) -> dict:
   return out
 
 def load(path: Path) -> dict:
-  """A profile's contents, validated: {'device': str, 'hints': {name: value}, 'architectures': {arch: {name: value}},
-  'matvec_sizes': {shape: {'sizes': (T, B, R[, S]), 'gb_s': float}}}."""
+  """A profile's own contents, validated: {'device': str, 'based_on': str | None, 'hints': {name: value},
+  'architectures': {arch: {name: value}}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, S]), 'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", 0) + 1
@@ -93,9 +98,13 @@ def load(path: Path) -> dict:
   out = _empty()
   if root is None: return out
   if not isinstance(root, yaml.MappingNode):
-    raise _fail(path, root, "a profile is a mapping of keys (device, hints, architectures, tuned, matvec_sizes)")
+    raise _fail(path, root, f"a profile is a mapping of keys ({KEYS})")
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
+    elif key.value == "based_on":
+      if not isinstance(value, yaml.ScalarNode) or not (path.parent / f"{value.value}.yaml").is_file():
+        raise _fail(path, value, f"based_on names another profile in {path.parent} by its file name without .yaml")
+      out["based_on"] = value.value
     elif key.value == "tuned":   # what `tinyzoo tune` reached with the hints: a record, not a setting
       if not isinstance(value, yaml.MappingNode): raise _fail(path, value, "tuned maps model, tok_s and time to their values")
       out["tuned"] = yaml.safe_load(yaml.serialize(value))
@@ -110,7 +119,7 @@ def load(path: Path) -> dict:
         fields = {k.value: v.value for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         try: out["matvec_sizes"][shape.value] = {"sizes": parse_gpu_sizes(fields.get("sizes", "")), "gb_s": float(fields.get("gb_s", "nan"))}
         except ValueError as e: raise _fail(path, entry, f"{shape.value}: {e}") from None
-    else: raise _fail(path, key, f"unknown key {key.value!r} (known: device, hints, architectures, tuned, matvec_sizes)")
+    else: raise _fail(path, key, f"unknown key {key.value!r} (known: {KEYS})")
   return out
 
 def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, float]]) -> None:
@@ -128,16 +137,27 @@ def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
 
 def _save(path: Path, profile: dict) -> None:
   sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
-  doc = {"device": profile["device"], **{k: profile[k] for k in ("hints", "architectures", "tuned") if profile.get(k)}, "matvec_sizes": sizes}
+  doc = {"device": profile["device"], **{k: profile[k] for k in ("based_on", "hints", "architectures", "tuned") if profile.get(k)},
+         "matvec_sizes": sizes}
   write_whole(path, "# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
                  "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
                  "# a block per thread]) found fastest per kernel shape on this device (gb_s 0: chosen by a model bench's tok/s)\n"
                  + yaml.safe_dump(doc, sort_keys=False))
 
+def _merged(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+  """The profile at `path` over the one it is based on (and so on)."""
+  if path in seen: raise ProfileError(f"{seen[0]}: based_on goes round in a circle: {' -> '.join(p.stem for p in (*seen, path))}")
+  own = load(path)
+  if own["based_on"] is None: return own
+  base = _merged(path.parent / f"{own['based_on']}.yaml", (*seen, path))
+  archs = {a: {**base["architectures"].get(a, {}), **own["architectures"].get(a, {})} for a in {**base["architectures"], **own["architectures"]}}
+  return {**own, "hints": {**base["hints"], **own["hints"]}, "architectures": archs, "matvec_sizes": {**base["matvec_sizes"], **own["matvec_sizes"]}}
+
 def device_profile(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
-  """The profile of this device (in `folder`, default profiles/) and its path; an empty one and None without one."""
+  """The profile of this device (in `folder`, default profiles/), over the one it is based on, and its path; an empty one
+  and None without one."""
   path = profile_path(device or device_name(), folder)
-  return (load(path), path) if path.exists() else (_empty(), None)
+  return (_merged(path), path) if path.exists() else (_empty(), None)
 
 def tuned_sizes(profile: dict) -> dict[str, Sizes]:
   """The GPU matvec sizes a profile tuned per kernel shape."""

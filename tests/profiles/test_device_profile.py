@@ -27,7 +27,37 @@ def test_save_merges_and_the_device_finds_its_sizes(tmp_path: Path):
   profile, found = device_profile("CUDA: another GPU", tmp_path)
   assert found is None and tuned_sizes(profile) == {}
 
+def test_a_profile_based_on_another_starts_from_it_and_tuning_writes_its_own(tmp_path: Path):
+  base, own = tmp_path / "base.yaml", profile_path("CUDA: NVIDIA H200", tmp_path)
+  base.write_text("device: b\nhints: {norm: single, beam: 0}\narchitectures:\n  llama: {split_kv: 4, kv_cache: half}\n"
+                  "  gemma3: {norm: fold}\nmatvec_sizes:\n  2048x4x2x64x4: {sizes: '64,1,2,1', gb_s: 600}\n"
+                  "  8192x4x2x64x4: {sizes: '32,2,4,1', gb_s: 700}\n")
+  own.write_text("device: 'CUDA: NVIDIA H200'\nbased_on: base\nhints: {beam: 2}\narchitectures:\n  llama: {split_kv: 8}\n"
+                 "matvec_sizes:\n  8192x4x2x64x4: {sizes: '64,1,8,1', gb_s: 900}\n")
+  got, found = device_profile("CUDA: NVIDIA H200", tmp_path)
+  assert found == own and got["device"] == "CUDA: NVIDIA H200"
+  assert got["hints"] == {"norm": "single", "beam": 2}
+  assert got["architectures"] == {"llama": {"split_kv": 8, "kv_cache": "half"}, "gemma3": {"norm": "fold"}}
+  assert tuned_sizes(got) == {"2048x4x2x64x4": (64, 1, 2, 1), "8192x4x2x64x4": (64, 1, 8, 1)}
+  save_matvec_sizes(own, "CUDA: NVIDIA H200", {"2048x256x4x4x2": ((64, 2, 2), 355.0)})
+  kept = load(own)   # its own entries and the base's name, none of the base's entries copied in
+  assert kept["based_on"] == "base" and kept["hints"] == {"beam": 2}
+  assert set(kept["matvec_sizes"]) == {"8192x4x2x64x4", "2048x256x4x4x2"} and load(base)["hints"] == {"norm": "single", "beam": 0}
+  assert tuned_sizes(device_profile("CUDA: NVIDIA H200", tmp_path)[0])["2048x4x2x64x4"] == (64, 1, 2, 1)
+
+def test_profiles_based_on_each_other_in_a_circle_are_refused(tmp_path: Path):
+  (tmp_path / "a.yaml").write_text("device: a\nbased_on: b\n")
+  (tmp_path / "b.yaml").write_text("device: b\nbased_on: a\n")
+  with pytest.raises(ProfileError, match="based_on goes round in a circle: a -> b -> a"): device_profile("a", tmp_path)
+
+def test_the_h200_takes_what_it_did_not_tune_from_the_h100():
+  own, h100, h200 = load(profile_path("CUDA: NVIDIA H200")), device_profile(H100)[0], device_profile("CUDA: NVIDIA H200")[0]
+  assert own["based_on"] == profile_path(H100).stem and h100["hints"] and h100["matvec_sizes"]
+  assert h200["hints"] == {**h100["hints"], **own["hints"]}
+  assert tuned_sizes(h200) == {**tuned_sizes(h100), **tuned_sizes(own)}
+
 @pytest.mark.parametrize("text,error", [
+  ("device: x\nbased_on: nosuch\n", ":2: based_on names another profile in"),
   ("device: x\nmatvec_sizes:\n  2048x256: {sizes: '64,2', gb_s: 1}\n", ":3: 2048x256: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD"),
   ("device: x\nmatvec_sizes:\n  2048x4x2x64x4: {sizes: '64,1,4,3', gb_s: 1}\n",
    ":3: 2048x4x2x64x4: GPU matvec sizes are THREADS,ROWS_PER_GROUP,ROWS_PER_THREAD[,SPAN] (a span of 0, 1, 2, 4 or 8"),
