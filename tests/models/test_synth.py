@@ -293,7 +293,12 @@ def test_agrees_with_llama_cpp(name: str, synthesized):
   assert len(ours.keys() & theirs.keys()) >= 15, f"top-20 overlap {len(ours.keys() & theirs.keys())}"
   worst = max(abs(ours[t] - theirs[t]) for t in ours.keys() & theirs.keys())
   assert worst <= TOLERANCE, f"a top-20 logit differs by {worst:.3f}"
-  for step, (a, b, margin) in enumerate(zip(have["greedy"], want["greedy"], want["greedy_margins"])):
+  assert_greedy_parts_only_at_a_near_tie(have["greedy"], want)
+
+def assert_greedy_parts_only_at_a_near_tie(greedy: list[int], want: dict) -> None:
+  """The greedy tokens equal the fixture's up to a step where the fixture's top two logits lay within NOISE of each other
+  (there two builds' roundings may choose either, and the steps after follow another text)."""
+  for step, (a, b, margin) in enumerate(zip(greedy, want["greedy"], want["greedy_margins"])):
     if a == b: continue
     assert margin < NOISE, f"greedy step {step} gives {a}, llama.cpp {b} by a margin of {margin:.3f}"
     break
@@ -302,15 +307,15 @@ def test_agrees_with_llama_cpp(name: str, synthesized):
 def test_fixture_is_current_llama_cpp(name: str, synthesized):
   """Only where llama-cpp-python is installed: this llama.cpp reproduces the fixture on the file, and tokenizes more texts
   as tinyzoo. A llama.cpp built for another CPU computes its quantized dots another way: AVX2 only (this repo's AMD EPYC)
-  against the AVX-512 build the fixture came from moved these logits by up to 0.18, reordering near ties; the agreement
-  test's tolerance covers that."""
+  against the AVX-512 build the fixture came from moved these logits by up to 0.18, reordering near ties (qwen3-0.6b's
+  second greedy step, a margin of 0.010); the agreement test's tolerance and its rule for near ties cover that."""
   pytest.importorskip("llama_cpp")
   from tests.models.fixtures.make_synth_fixtures import greedy_case
   import llama_cpp
   want, path = FIXTURES[name], synthesized(name)
   llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
   have = greedy_case(llm, want["tokens"])
-  assert have["greedy"] == want["greedy"]
+  assert_greedy_parts_only_at_a_near_tie(have["greedy"], want)
   ours, theirs = dict(have["top20"]), dict(want["top20"])
   assert len(ours.keys() & theirs.keys()) >= 15 and max(abs(ours[t] - theirs[t]) for t in ours.keys() & theirs.keys()) <= TOLERANCE
   tok = Tokenizer.from_gguf(GGUFFile(path))
