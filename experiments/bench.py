@@ -65,7 +65,9 @@ class BenchConfig:
     if len(self.depths) != 1: raise ValueError(f"one depth is measured here, not {len(self.depths)} ({','.join(map(str, self.depths))})")
     return self.depths[0]
 
-  def runtime(self, path: Path, min_context: int) -> Runtime: return Runtime(path, self.hints, self.ctx or min_context)
+  def runtime(self, path: Path, min_context: int) -> Runtime:
+    """The model's runtime, which compiles every kernel itself (no kept programs): compile_s is a compile's time."""
+    return Runtime(path, self.hints, self.ctx or min_context, keep_programs=False)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the built-in defaults, or 'default switches'."""

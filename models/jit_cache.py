@@ -1,5 +1,6 @@
 """Captured JITs kept across runs in the cache directory (`jits/`), so that a later run with the same key schedules and
-compiles nothing.
+compiles nothing; and the compiled programs of the kernels in them, so that a run with another key (another model file
+of the same shapes, another context or hint) compiles only the kernels no run compiled before.
 
 An entry is one pickled TinyJit (its planned calls, compiled programs and output tensors) under a key that hashes
 everything that changes it: the model file's sha256, the resolved hints, the device and its name, tinygrad's version and
@@ -7,9 +8,11 @@ settings, tinyzoo's own source, and the caller's shapes (context, chunk, sampler
 model's state (weights, caches, rope tables, the host slots) are not written into it: each is named by its path in the
 objects that hold it and bound to the loading run's buffer of that name. Buffers the JIT writes (its arena) are written
 as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
-MAX_OTHER_BYTES. A file is a magic line, the payload's sha256 and the payload, written to a temporary file and renamed
-into place (two runs at once each leave a whole entry); one that fails any check is deleted and captured again.
-The directory is kept under its limit by removing the entries least recently used."""
+MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's
+kernel settings, the device's name and the key's common parts below. A file is a magic line, the payload's sha256 and
+the payload, written to a temporary file and renamed into place (two runs at once each leave a whole entry); one that
+fails any check is deleted and made again. The directory is kept under its limit by removing the entries least
+recently used, whenever a JIT is kept and after every TRIM_EVERY programs."""
 import functools
 import hashlib
 import io
@@ -17,7 +20,7 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from tinygrad import Tensor
 from tinygrad.device import Buffer
 from tinygrad.engine.jit import CapturedJit, _TinyJit
@@ -29,6 +32,8 @@ DEFAULT_LIMIT_MB = 2048
 MAX_OTHER_BYTES = 16 << 20
 LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
 SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
+JIT_SUFFIX, PROGRAM_SUFFIX = ".jit", ".prg"
+TRIM_EVERY = 64   # programs written between checks of the store's size (each lists the directory)
 
 class NotCacheable(ValueError): pass
 
@@ -141,26 +146,36 @@ class JitStore:
     self.root = root or cache_dir() / "jits"
     self.limit = limit if limit is not None else int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) << 20
     self.notes: list[str] = []   # what went wrong with an entry (rebuilt), for the caller to show
+    self.unchecked = 0           # programs written since the store's size was last checked
 
-  def path(self, key: str) -> Path: return self.root / f"{key}.jit"
+  def path(self, key: str) -> Path: return self.root / f"{key}{JIT_SUFFIX}"
 
-  def load(self, key: str, state: dict[str, Tensor]) -> _TinyJit | None:
-    """The JIT stored under `key`, bound to `state`; None if there is none or it is damaged (then it is removed)."""
-    path = self.path(key)
+  def _read(self, path: Path, unpickle: Callable[[bytes], Any], made_again: str) -> Any:
+    """The object in the entry at `path`, as `unpickle` makes it of the payload and checks it; None if there is none or
+    it is damaged (then it is removed, with a note)."""
     try: data = path.read_bytes()
     except FileNotFoundError: return None
     try:
-      if not data.startswith(MAGIC): raise pickle.UnpicklingError("not a tinyzoo JIT entry of this version")
+      if not data.startswith(MAGIC): raise pickle.UnpicklingError("not a tinyzoo cache entry of this version")
       digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
       if len(digest) != 32 or hashlib.sha256(payload).digest() != digest: raise pickle.UnpicklingError("truncated or altered")
-      jit = _Reader(io.BytesIO(payload), state).load()
-      if not isinstance(jit, _TinyJit) or jit.captured is None: raise pickle.UnpicklingError("not a captured JIT")
-    except Exception as e:   # whatever a damaged file makes pickle raise: the entry is captured again
-      self.notes.append(f"jit cache: {path.name} was unusable ({type(e).__name__}: {e}); capturing it again")
+      obj = unpickle(payload)
+    except Exception as e:   # whatever a damaged file makes pickle raise: the entry is made again
+      self.notes.append(f"jit cache: {path.name} was unusable ({type(e).__name__}: {e}); {made_again}")
       path.unlink(missing_ok=True)
       return None
     os.utime(path)   # most recently used
-    return jit
+    return obj
+
+  def _write(self, path: Path, payload: bytes) -> None: write_whole(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+
+  def load(self, key: str, state: dict[str, Tensor]) -> _TinyJit | None:
+    """The JIT stored under `key`, bound to `state`; None if there is none or it is damaged (then it is removed)."""
+    def unpickle(payload: bytes) -> _TinyJit:
+      jit = _Reader(io.BytesIO(payload), state).load()
+      if not isinstance(jit, _TinyJit) or jit.captured is None: raise pickle.UnpicklingError("not a captured JIT")
+      return jit
+    return self._read(self.path(key), unpickle, "capturing it again")
 
   def save(self, key: str, jit: _TinyJit, state: dict[str, Tensor]) -> bool:
     """Stores a captured JIT whole or not at all; False (with a note) if it holds what cannot be cached."""
@@ -169,16 +184,35 @@ class JitStore:
     except (NotCacheable, pickle.PicklingError, TypeError, AttributeError) as e:   # what pickle raises on an object it cannot write
       self.notes.append(f"jit cache: not kept ({e})")
       return False
-    payload = f.getvalue()
-    write_whole(self.path(key), MAGIC + hashlib.sha256(payload).digest() + payload)
+    self._write(self.path(key), f.getvalue())
     self.trim()
     return True
+
+  @functools.cached_property
+  def _device(self) -> str:
+    from profiles.device import device_name
+    return device_name()
+
+  def program(self, key: tuple, compile: Callable[[], UOp]) -> UOp:
+    """The compiled program (a PROGRAM) that tinygrad keys by `key` (with the kernel settings in force), taken from the
+    store where a run compiled it before, else compiled by `compile` and kept."""
+    path = self.root / f"{cache_key(program=repr(key), device=self._device)}{PROGRAM_SUFFIX}"
+    def unpickle(payload: bytes) -> UOp:
+      if not isinstance(prg := pickle.loads(payload), UOp) or prg.op is not Ops.PROGRAM: raise pickle.UnpicklingError("not a compiled program")
+      return prg
+    if (prg := self._read(path, unpickle, "compiling it again")) is not None: return prg
+    prg = compile()
+    try: self._write(path, pickle.dumps(prg, protocol=pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, TypeError, AttributeError) as e: self.notes.append(f"jit cache: a program not kept ({e})")
+    self.unchecked += 1
+    if self.unchecked >= TRIM_EVERY: self.trim()
+    return prg
 
   def entries(self) -> list[tuple[Path, int, float]]:
     """(path, bytes, last use) of each entry, least recently used first."""
     if not self.root.is_dir(): return []
     found = []
-    for p in self.root.glob("*.jit"):
+    for p in (p for suffix in (JIT_SUFFIX, PROGRAM_SUFFIX) for p in self.root.glob(f"*{suffix}")):
       try: st = p.stat()
       except FileNotFoundError: continue   # removed by another run meanwhile
       found.append((p, st.st_size, st.st_mtime))
@@ -187,7 +221,7 @@ class JitStore:
   def size(self) -> int: return sum(e[1] for e in self.entries())
 
   def trim(self) -> None:
-    entries = self.entries()
+    self.unchecked, entries = 0, self.entries()
     total = sum(e[1] for e in entries)
     for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
       if total <= self.limit: break
@@ -198,7 +232,7 @@ class JitStore:
     """Removes every entry (and leftovers of interrupted writes); returns the bytes freed."""
     freed = 0
     if self.root.is_dir():
-      for p in list(self.root.glob("*.jit")) + list(self.root.glob(".*.tmp")):
+      for p in [p for pattern in (f"*{JIT_SUFFIX}", f"*{PROGRAM_SUFFIX}", ".*.tmp") for p in self.root.glob(pattern)]:
         try: freed += p.stat().st_size
         except FileNotFoundError: continue
         p.unlink(missing_ok=True)

@@ -5,7 +5,9 @@ capture serves every prompt length; the padding's cache rows lie past the prompt
 before any query sees them. A prompt of a few tokens (the `prefill_steps` hint's) runs as decode steps instead. Everything a runtime compiles and
 captures is made under its own kernel settings (from its hints): two runtimes in one process do not share them. Given a
 JitStore, a runtime takes the JITs a run with the same key captured before (models/jit_cache.py) and keeps those it
-captures (`keep_jits`)."""
+captures (`keep_jits`). Unless told not to keep programs, every kernel it compiles is taken from that store (else the
+cache directory's) where a process compiled it before, whatever it was running (another model file of the same shapes,
+another context or hints), and kept there."""
 import functools
 import os
 import time
@@ -53,12 +55,13 @@ class Runtime:
   """A model file built with `hints` (by default the built-in ones: the command line resolves a model's from its flags,
   the device profile and the file's manifest, profiles/device.py resolve_hints), a KV cache of `max_context` positions."""
   def __init__(self, path: str | os.PathLike, hints: Hints | None = None, max_context: int | None = None, device: str | None = None,
-               progress: bool = False, jits: JitStore | None = None):
+               progress: bool = False, jits: JitStore | None = None, keep_programs: bool = True):
     patches.install()
     self.path, self.jits = path, jits
     self.hints = hints or resolve()
     h = self.hints
-    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores)
+    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores,
+                                   programs=(jits or JitStore()) if keep_programs else None)
     self.gguf = GGUFFile(path)
     arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)

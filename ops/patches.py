@@ -5,8 +5,9 @@ modules (its files are not touched):
 - Kernel opts: tinygrad's hand-coded heuristic is asked through the kernel settings in force (`with settings:`), whose
   `heuristic` may choose the opts itself (quant/matvec_opts.py); without settings, or without a heuristic of theirs,
   tinygrad's decides. Compiled programs are cached by their graph and by the settings in force, so kernels compiled
-  under other settings are never reused. Compiles stay in this process: tinygrad's compile workers are spawned fresh
-  and would have none of these changes.
+  under other settings are never reused; settings with a `programs` store also keep each program there and take it
+  from there in a later process. Compiles stay in this process: tinygrad's compile workers are spawned fresh and would
+  have none of these changes.
 - dp4a (ops/dp4a.py): the devectorizers split a CUSTOMI over a vector into one a lane, and C-style renderers put the
   function's definition at the top of a kernel that calls it.
 - CUDA graphs (ops/cuda_graph.py): built with every launch size at least 1; under settings with `pdl`, kernels rendered for
@@ -17,6 +18,7 @@ modules (its files are not touched):
 """
 import contextlib
 import ctypes
+import functools
 import importlib.metadata
 import time
 from dataclasses import dataclass, field
@@ -48,7 +50,8 @@ class KernelSettings:
   where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
   with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
   set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's); `tensor_cores` off sets its TC to 0, so no kernel
-  uses them. `edges` counts the programmatic edges graphs built."""
+  uses them. `edges` counts the programmatic edges graphs built. `programs`: where compiled programs are kept across
+  processes (an object with `program(key, compile) -> PROGRAM`, models/jit_cache.py's store), or None."""
   heuristic: Any = None
   pdl: bool = False
   pdl_prefetch: bool = False
@@ -56,6 +59,7 @@ class KernelSettings:
   jit_batch_size: int | None = None
   tensor_cores: bool = True
   edges: list[int] = field(default_factory=lambda: [0], compare=False, hash=False, repr=False)
+  programs: Any = field(default=None, compare=False, hash=False, repr=False)
 
   @property
   def compile_key(self) -> tuple:
@@ -87,6 +91,10 @@ def _hand_coded(k):
 def _key(ast, renderer) -> tuple:
   settings = active()
   return (*_originals["program_key"](ast, renderer), None if settings is None else settings.compile_key)
+
+def _do_to_program(ast, renderer):
+  settings, compile = active(), functools.partial(_originals["do_to_program"], ast, renderer)
+  return compile() if settings is None or settings.programs is None else settings.programs.program(_key(ast, renderer), compile)
 
 def _render_with_dp4a(self, uops) -> str:
   from ops import dp4a
@@ -165,9 +173,10 @@ def install() -> None:
   from tinygrad.uop.ops import ProgramInfo
   from ops import dp4a
   _originals.update(heuristic=heuristic.hand_coded_optimizations, program_key=codegen.to_program_key, render=CStyleLanguage.render,
-                    render_kernel=CUDARenderer.render_kernel, launch_dims=ProgramInfo.launch_dims)
+                    render_kernel=CUDARenderer.render_kernel, launch_dims=ProgramInfo.launch_dims, do_to_program=codegen.do_to_program)
   heuristic.hand_coded_optimizations = _hand_coded
   codegen.to_program_key = realize.to_program_key = _key
+  codegen.do_to_program = _do_to_program
   PARALLEL.value = 0
   codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE

@@ -71,11 +71,13 @@ def cmd_run(args) -> None:
   run(args)
 
 def cmd_cache(args) -> None:
-  from models.jit_cache import JitStore
+  from models.jit_cache import JIT_SUFFIX, JitStore
   store = JitStore()
-  if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs from {store.root}")
+  if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs and compiled programs from {store.root}")
   entries = store.entries()
-  print(f"{store.root}: {len(entries)} captured JITs, {sum(e[1] for e in entries) / 2**20:.1f} MiB of at most {store.limit / 2**20:.0f} MiB")
+  jits = sum(path.suffix == JIT_SUFFIX for path, _, _ in entries)
+  print(f"{store.root}: {jits} captured JITs and {len(entries) - jits} compiled programs, {sum(e[1] for e in entries) / 2**20:.1f} MiB "
+        f"of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
@@ -214,8 +216,8 @@ def add_model_options(s: argparse.ArgumentParser, ctx: bool = True, **defaults) 
   add_flags(s, **defaults)
 
 def add_cache_option(s: argparse.ArgumentParser) -> None:
-  s.add_argument("--no-cache", action="store_true", help="neither take captured JITs from the cache directory nor keep this run's "
-                 "(see `tinyzoo cache`)")
+  s.add_argument("--no-cache", action="store_true", help="neither take captured JITs and compiled programs from the cache directory "
+                 "nor keep this run's (see `tinyzoo cache`)")
 
 def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") -> None:
   s.add_argument("--journal", metavar="PATH", help=f"append {what} to this journal (default: $TINYZOO_JOURNAL, else "
@@ -326,12 +328,15 @@ def parser() -> argparse.ArgumentParser:
   add_cache_option(s)
   s.set_defaults(fn=cmd_perplexity)
 
-  s = sub.add_parser("cache", help="the captured JITs kept across runs: where, how many, how large; --clear removes them",
+  s = sub.add_parser("cache", help="the captured JITs and compiled programs kept across runs: where, how many, how large; --clear removes them",
                      description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
                                  "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
-                                 "hints, the device and its name, tinygrad's version and settings and tinyzoo's source; the least "
-                                 f"recently used go beyond ${JIT_LIMIT_ENV} MiB (default {JIT_DEFAULT_MB}).")
-  s.add_argument("--clear", action="store_true", help="remove every kept JIT")
+                                 "hints, the device and its name, tinygrad's version and settings and tinyzoo's source, and each kernel "
+                                 "program they compile, under a key of its graph, its compile settings, the device and the rest but the "
+                                 "model file (a run of another file of the same shapes, or with another context or hint, compiles only "
+                                 "the kernels no run compiled before); the least recently used go beyond "
+                                 f"${JIT_LIMIT_ENV} MiB (default {JIT_DEFAULT_MB}).")
+  s.add_argument("--clear", action="store_true", help="remove every kept JIT and program")
   s.set_defaults(fn=cmd_cache)
 
   s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",

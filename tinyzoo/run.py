@@ -21,7 +21,7 @@ def load(args, longest: int | None = None) -> Runtime:
   hints = model_hints(args, path := resolve_model(args.model))
   if longest is not None and hints.sources["prefill_chunk"] == "default":
     hints = hints.with_runtime(prefill_chunk=min(hints.prefill_chunk, max(16, 1 << (longest - 1).bit_length())))
-  return Runtime(path, hints, args.ctx, progress=sys.stderr.isatty(), jits=None if args.no_cache else JitStore())
+  return Runtime(path, hints, args.ctx, progress=sys.stderr.isatty(), jits=None if args.no_cache else JitStore(), keep_programs=not args.no_cache)
 
 def keep(rt: Runtime, sampler: Sampler | None = None) -> None:
   """Stores the JITs this run captured, saying what could not be kept or was rebuilt."""

@@ -1,6 +1,7 @@
 """Captured JITs kept across runs (models/jit_cache.py): a later run with the same key takes all four and compiles
 nothing, with the same tokens; any change of key misses; a damaged or partial entry is removed and captured again; the
-store stays under its limit."""
+store stays under its limit. Compiled programs kept beside them: a run of another file of the same shapes captures its
+JITs again but compiles nothing, to the same tokens as without the store; a damaged program is compiled again."""
 import json
 import os
 import shutil
@@ -9,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 import pytest
-from models.jit_cache import MAGIC, JitStore
+from models.jit_cache import JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, JitStore
 from models.runtime import ALL_JITS, Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
@@ -39,6 +40,10 @@ def first_run(model: Path, tmp_path_factory) -> tuple[Runtime, list[int], JitSto
   store = JitStore(tmp_path_factory.mktemp("first") / "jits")
   return *generate(model, store), store
 
+def jits(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries() if p.suffix == JIT_SUFFIX]
+
+def programs(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries() if p.suffix == PROGRAM_SUFFIX]
+
 def stored(first_run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
   """A copy of the first run's store, the state a test's own first run left before, and that run's tokens."""
   return JitStore(Path(shutil.copytree(first_run[2].root, tmp_path / "jits"))), first_run[1]
@@ -66,7 +71,7 @@ def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, first_run
   packing kernels compile in any run), any compile an error (ASSERT_COMPILE): it takes prefill, head, decode and the
   sampler's JIT from the store, and its tokens are those of the first run and of a run without the store."""
   first, tokens, store = first_run
-  assert first.cached == set(ALL_JITS) and len(store.entries()) == 4 and store.notes == []
+  assert first.cached == set(ALL_JITS) and len(jits(store)) == 4 and store.notes == []
   store, _ = stored(first_run, tmp_path)
   assert generate(model, None)[1] == tokens
   env = {**os.environ, "PYTHONPATH": str(ROOT), "CCACHE": "0"}
@@ -88,7 +93,7 @@ def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path,
 def test_any_change_of_key_misses(model: Path, first_run, tmp_path: Path, change: dict):
   store, tokens = stored(first_run, tmp_path)
   rt, changed = generate(model, store, **change)
-  assert len(store.entries()) == 8 and changed == tokens and store.notes == []
+  assert len(jits(store)) == 8 and changed == tokens and store.notes == []
 
 def damage(path: Path, how: str) -> None:
   data = path.read_bytes()
@@ -101,10 +106,10 @@ def damage(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["truncated", "flipped", "other version", "empty", "garbage"])
 def test_a_damaged_entry_is_removed_and_captured_again(model: Path, first_run, tmp_path: Path, how: str):
   store, tokens = stored(first_run, tmp_path)
-  for path, _, _ in store.entries(): damage(path, how)
+  for path in jits(store): damage(path, how)
   rt, again = generate(model, store)
   assert again == tokens and len(store.notes) == 4 and all("was unusable" in n for n in store.notes)
-  assert len(store.entries()) == 4 and all(p.read_bytes().startswith(MAGIC) for p, _, _ in store.entries())
+  assert len(jits(store)) == 4 and all(p.read_bytes().startswith(MAGIC) for p in jits(store))
   store.notes.clear()
   assert generate(model, store)[1] == tokens and store.notes == []
 
@@ -125,6 +130,7 @@ def test_an_interrupted_write_leaves_no_entry(first_run, tmp_path: Path, monkeyp
 
 def test_the_store_keeps_under_its_limit_the_most_recently_used(first_run, tmp_path: Path):
   rt, store = first_run[0], stored(first_run, tmp_path)[0]
+  for path in programs(store): path.unlink()
   sizes = {p.name: size for p, size, _ in store.entries()}
   state = rt._state()
   small = JitStore(store.root, limit=sum(sizes.values()) - 1)
@@ -142,5 +148,50 @@ def test_a_jit_pickle_cannot_write_is_not_kept(model: Path, tmp_path: Path, monk
   monkeypatch.setattr(jit_cache._Writer, "dump", refuse)
   store = JitStore(tmp_path / "jits")
   rt, tokens = generate(model, store)
-  assert rt.cached == set() and store.entries() == [] and len(store.notes) == 4
+  assert rt.cached == set() and jits(store) == [] and len(store.notes) == 4
   assert all(n == "jit cache: not kept (cannot pickle 'CUgraph' object)" for n in store.notes) and tokens == generate(model, None)[1]
+
+@pytest.fixture(scope="module")
+def same_shapes(tmp_path_factory) -> Path:
+  return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("same") / "other.gguf", quant="Q8_0", seed=7)
+
+def compiles_of(monkeypatch) -> list[str]:
+  """The names of the programs compiled from here on under a runtime's kernel settings (the in-process cache emptied)."""
+  from ops import patches
+  patches.forget_compiled()
+  names, compile = [], patches._originals["do_to_program"]
+  def counted(ast, renderer):
+    if patches.active() is not None: names.append(ast.arg.name)
+    return compile(ast, renderer)
+  monkeypatch.setitem(patches._originals, "do_to_program", counted)
+  return names
+
+def test_another_file_of_the_same_shapes_compiles_nothing(same_shapes: Path, first_run, tmp_path: Path, monkeypatch):
+  store, _ = stored(first_run, tmp_path)
+  assert len(programs(store)) > 10
+  want = generate(same_shapes, None)[1]
+  compiled = compiles_of(monkeypatch)
+  rt, tokens = generate(same_shapes, store)
+  assert compiled == [] and tokens == want and store.notes == []
+  assert len(jits(store)) == 8   # its JITs captured (the first run's are another file's) and kept beside those
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_program_is_compiled_again(same_shapes: Path, first_run, tmp_path: Path, monkeypatch, how: str):
+  store, _ = stored(first_run, tmp_path)
+  kept = programs(store)
+  for path in kept: damage(path, how)
+  want = generate(same_shapes, None)[1]
+  compiled = compiles_of(monkeypatch)
+  rt, tokens = generate(same_shapes, store)
+  assert tokens == want and len(compiled) == len(kept) == len(store.notes) and all("compiling it again" in n for n in store.notes)
+  assert all(p.read_bytes().startswith(MAGIC) and len(p.read_bytes()) > 1000 for p in programs(store))
+
+def test_a_runtime_without_a_store_keeps_its_programs_in_the_cache_directory(same_shapes: Path, tmp_path: Path, monkeypatch):
+  from ops import patches
+  monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
+  patches.forget_compiled()
+  Runtime(same_shapes, resolve({}), 64, keep_programs=False).prefill([5, 6, 7]).realize()
+  assert programs(JitStore()) == []
+  patches.forget_compiled()
+  Runtime(same_shapes, resolve({}), 64).prefill([5, 6, 7]).realize()
+  assert JitStore().root == tmp_path / "jits" and len(programs(JitStore())) > 10 and jits(JitStore()) == []
