@@ -166,9 +166,16 @@ def compiles_of(monkeypatch) -> list[str]:
   monkeypatch.setitem(patches._originals, "do_to_program", counted)
   return names
 
-def test_another_file_of_the_same_shapes_compiles_nothing(same_shapes: Path, first_run, tmp_path: Path, monkeypatch):
-  store, _ = stored(first_run, tmp_path)
-  assert len(programs(store)) > 10
+def first_run_compiling_everything(model: Path, tmp_path: Path, monkeypatch) -> JitStore:
+  """The store of a first run that compiled each of its kernels itself (none taken from this process's earlier work)."""
+  store = JitStore(tmp_path / "jits")
+  compiled = compiles_of(monkeypatch)
+  generate(model, store)
+  assert len(programs(store)) == len(compiled) > 10 and store.notes == []
+  return store
+
+def test_another_file_of_the_same_shapes_compiles_nothing(model: Path, same_shapes: Path, tmp_path: Path, monkeypatch):
+  store = first_run_compiling_everything(model, tmp_path, monkeypatch)
   want = generate(same_shapes, None)[1]
   compiled = compiles_of(monkeypatch)
   rt, tokens = generate(same_shapes, store)
@@ -176,8 +183,8 @@ def test_another_file_of_the_same_shapes_compiles_nothing(same_shapes: Path, fir
   assert len(jits(store)) == 8   # its JITs captured (the first run's are another file's) and kept beside those
 
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
-def test_a_damaged_program_is_compiled_again(same_shapes: Path, first_run, tmp_path: Path, monkeypatch, how: str):
-  store, _ = stored(first_run, tmp_path)
+def test_a_damaged_program_is_compiled_again(model: Path, same_shapes: Path, tmp_path: Path, monkeypatch, how: str):
+  store = first_run_compiling_everything(model, tmp_path, monkeypatch)
   kept = programs(store)
   for path in kept: damage(path, how)
   want = generate(same_shapes, None)[1]
