@@ -33,6 +33,7 @@ MAX_OTHER_BYTES = 16 << 20
 LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
 SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
 JIT_SUFFIX, PROGRAM_SUFFIX = ".jit", ".prg"
+SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX)   # the kinds of entry a store holds
 TRIM_EVERY = 64   # programs written between checks of the store's size (each lists the directory)
 
 class NotCacheable(ValueError): pass
@@ -189,14 +190,15 @@ class JitStore:
     return True
 
   @functools.cached_property
-  def _device(self) -> str:
+  def device(self) -> str:
+    """This device's name (profiles/device.py), asked once a store: on a GPU it runs nvidia-smi."""
     from profiles.device import device_name
     return device_name()
 
   def program(self, key: tuple, compile: Callable[[], UOp]) -> UOp:
     """The compiled program (a PROGRAM) that tinygrad keys by `key` (with the kernel settings in force), taken from the
     store where a run compiled it before, else compiled by `compile` and kept."""
-    path = self.root / f"{cache_key(program=repr(key), device=self._device)}{PROGRAM_SUFFIX}"
+    path = self.root / f"{cache_key(program=repr(key), device=self.device)}{PROGRAM_SUFFIX}"
     def unpickle(payload: bytes) -> UOp:
       if not isinstance(prg := pickle.loads(payload), UOp) or prg.op is not Ops.PROGRAM: raise pickle.UnpicklingError("not a compiled program")
       return prg
@@ -208,11 +210,11 @@ class JitStore:
     if self.unchecked >= TRIM_EVERY: self.trim()
     return prg
 
-  def entries(self) -> list[tuple[Path, int, float]]:
-    """(path, bytes, last use) of each entry, least recently used first."""
+  def entries(self, suffixes: tuple[str, ...] = SUFFIXES) -> list[tuple[Path, int, float]]:
+    """(path, bytes, last use) of each entry (of the kinds named by `suffixes`), least recently used first."""
     if not self.root.is_dir(): return []
     found = []
-    for p in (p for suffix in (JIT_SUFFIX, PROGRAM_SUFFIX) for p in self.root.glob(f"*{suffix}")):
+    for p in (p for suffix in suffixes for p in self.root.glob(f"*{suffix}")):
       try: st = p.stat()
       except FileNotFoundError: continue   # removed by another run meanwhile
       found.append((p, st.st_size, st.st_mtime))
@@ -232,7 +234,7 @@ class JitStore:
     """Removes every entry (and leftovers of interrupted writes); returns the bytes freed."""
     freed = 0
     if self.root.is_dir():
-      for p in [p for pattern in (f"*{JIT_SUFFIX}", f"*{PROGRAM_SUFFIX}", ".*.tmp") for p in self.root.glob(pattern)]:
+      for p in [p for pattern in (*(f"*{suffix}" for suffix in SUFFIXES), ".*.tmp") for p in self.root.glob(pattern)]:
         try: freed += p.stat().st_size
         except FileNotFoundError: continue
         p.unlink(missing_ok=True)

@@ -61,7 +61,7 @@ class Runtime:
     self.hints = hints or resolve()
     h = self.hints
     self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores,
-                                   programs=(jits or JitStore()) if keep_programs else None)
+                                   programs=(JitStore() if jits is None else jits) if keep_programs else None)
     self.gguf = GGUFFile(path)
     arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
@@ -99,8 +99,7 @@ class Runtime:
   @functools.cached_property
   def _key_parts(self) -> dict:
     """What every JIT of this runtime depends on besides its own name and shapes."""
-    from profiles.device import device_name
-    return {"model": file_sha256(self.path), "hints": {n: h["value"] for n, h in self.hints.as_dict().items()}, "device": device_name(),
+    return {"model": file_sha256(self.path), "hints": {n: h["value"] for n, h in self.hints.as_dict().items()}, "device": self.jits.device,
             "sizes": sorted(self.hints.matvec_sizes.items()), "on": self.device, "max_context": self.max_context, "chunk": self.chunk}
 
   def _jit_key(self, name: str, **extra) -> str: return cache_key(jit=name, **self._key_parts, **extra)

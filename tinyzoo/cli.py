@@ -71,12 +71,11 @@ def cmd_run(args) -> None:
   run(args)
 
 def cmd_cache(args) -> None:
-  from models.jit_cache import JIT_SUFFIX, JitStore
+  from models.jit_cache import JIT_SUFFIX, PROGRAM_SUFFIX, JitStore
   store = JitStore()
   if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs and compiled programs from {store.root}")
-  entries = store.entries()
-  jits = sum(path.suffix == JIT_SUFFIX for path, _, _ in entries)
-  print(f"{store.root}: {jits} captured JITs and {len(entries) - jits} compiled programs, {sum(e[1] for e in entries) / 2**20:.1f} MiB "
+  jits, programs = store.entries((JIT_SUFFIX,)), store.entries((PROGRAM_SUFFIX,))
+  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {store.size() / 2**20:.1f} MiB "
         f"of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:

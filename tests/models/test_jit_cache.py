@@ -40,9 +40,9 @@ def first_run(model: Path, tmp_path_factory) -> tuple[Runtime, list[int], JitSto
   store = JitStore(tmp_path_factory.mktemp("first") / "jits")
   return *generate(model, store), store
 
-def jits(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries() if p.suffix == JIT_SUFFIX]
+def jits(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((JIT_SUFFIX,))]
 
-def programs(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries() if p.suffix == PROGRAM_SUFFIX]
+def programs(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((PROGRAM_SUFFIX,))]
 
 def stored(first_run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
   """A copy of the first run's store, the state a test's own first run left before, and that run's tokens."""
