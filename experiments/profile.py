@@ -216,7 +216,7 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   rt = cfg.runtime(path, cfg.pp)
   ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
   times: dict[UOp, list[list[float]]] = {}
-  for _ in range(2): rt.prefill_chunks(ids).realize()   # compile, capture
+  rt.prefill_chunks(ids).realize()   # compiles and captures
   with timed_replays(times):
     for _ in range(repeats): rt.prefill_chunks(ids).realize()
   linear = rt._prefill.captured.linear
@@ -256,7 +256,7 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   times: dict[UOp, list[list[float]]] = {}
   with rt.kernels:   # the sampler's kernels too, as the runtime's generation loop compiles them
     token, pos = sampler(rt.prefill(prompt_ids(rt, prompt))), prompt
-    for _ in range(2 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1
+    for _ in range(1 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1   # the first compiles and captures
     if os.environ.get(NCU_RANGE):
       with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1
     else:

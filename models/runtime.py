@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
-from tinygrad import Tensor, TinyJit, dtypes
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import UOp
 from ops.kernels import count_kernels
 from models.config import ModelConfig
@@ -76,9 +76,10 @@ class Runtime:
       # positions for a padded last chunk past the context's end: cache rows and rope tables
       self.model = arch.build(self.weights, self.cfg, self.max_context + self.chunk)
     self.device = device
-    self._decode = TinyJit(self._forward)
-    self._prefill, self._head = TinyJit(self._chunk), TinyJit(self._logits)
-    self._rows = TinyJit(self._logprobs)   # every row's next-token log-probabilities (perplexity); not kept across runs
+    # each captured at its first call: the weights, caches and input slots they read are realized already
+    self._decode = patches.capturing_jit(self._forward)
+    self._prefill, self._head = patches.capturing_jit(self._chunk), patches.capturing_jit(self._logits)
+    self._rows = patches.capturing_jit(self._logprobs)   # every row's next-token log-probabilities (perplexity); not kept across runs
     self._decode_pos = UOp.variable("decode_pos", 0, self.max_context - 1)
     self._prefill_pos = UOp.variable("prefill_pos", 0, self.max_context - 1)
     self._prefill_last = UOp.variable("prefill_last", 0, self.chunk - 1)   # the row of the chunk's last prompt token
@@ -123,14 +124,18 @@ class Runtime:
     todo = [n for n in ALL_JITS if (sampler.jit if n == "sampler" else getattr(self, f"_{n}")).captured is None]
     if not todo: return 0.0
     t0 = time.perf_counter()
-    with tqdm(total=2 * len(todo), desc="compiling", unit="run", leave=False, disable=not progress) as bar, sampler.trial():
-      for _ in range(2):   # tinygrad's JIT runs a function plainly, then captures it
-        logits = self.prefill_chunks([0]) if {"prefill", "head"} & set(todo) else None
-        if "decode" in todo: logits = self.decode(0, 0)
-        if "sampler" in todo:
-          sampler.prepare(1, self.device)
-          sampler.queue(logits if logits is not None else Tensor.zeros(1, self.cfg.vocab_size, device=self.device).contiguous().realize())
-        bar.update(len(todo))
+    with tqdm(total=len(todo), desc="compiling", unit="JIT", leave=False, disable=not progress) as bar, sampler.trial():
+      logits = None
+      if {"prefill", "head"} & set(todo):
+        logits = self.prefill_chunks([0])
+        bar.update(len({"prefill", "head"} & set(todo)))
+      if "decode" in todo:
+        logits = self.decode(0, 0)
+        bar.update(1)
+      if "sampler" in todo:
+        sampler.prepare(1, self.device)
+        sampler.queue(logits if logits is not None else Tensor.zeros(1, self.cfg.vocab_size, device=self.device).contiguous().realize())
+        bar.update(1)
     return time.perf_counter() - t0
 
   def keep_jits(self, sampler: Sampler | None = None) -> None:

@@ -15,6 +15,8 @@ modules (its files are not touched):
 - CPU threads (ops/cpu_threads.py): a kernel split over threads (a `core_id` parameter) is launched as one call of the
   thread pool's fork-join, which runs its ids on every core at once, where tinygrad launches it once an id in turn.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
+- `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
+  the second.
 """
 import contextlib
 import ctypes
@@ -50,8 +52,9 @@ class KernelSettings:
   where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
   with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
   set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's); `tensor_cores` off sets its TC to 0, so no kernel
-  uses them. `edges` counts the programmatic edges graphs built. `programs`: where compiled programs are kept across
-  processes (an object with `program(key, compile) -> PROGRAM`, models/jit_cache.py's store), or None."""
+  uses them. `edges` counts the programmatic edges graphs built, `compile_s` the seconds spent compiling kernels (or
+  taking them from `programs`). `programs`: where compiled programs are kept across processes (an object with
+  `program(key, compile) -> PROGRAM`, models/jit_cache.py's store), or None."""
   heuristic: Any = None
   pdl: bool = False
   pdl_prefetch: bool = False
@@ -59,6 +62,7 @@ class KernelSettings:
   jit_batch_size: int | None = None
   tensor_cores: bool = True
   edges: list[int] = field(default_factory=lambda: [0], compare=False, hash=False, repr=False)
+  compile_s: list[float] = field(default_factory=lambda: [0.0], compare=False, hash=False, repr=False)
   programs: Any = field(default=None, compare=False, hash=False, repr=False)
 
   @property
@@ -94,7 +98,10 @@ def _key(ast, renderer) -> tuple:
 
 def _do_to_program(ast, renderer):
   settings, compile = active(), functools.partial(_originals["do_to_program"], ast, renderer)
-  return compile() if settings is None or settings.programs is None else settings.programs.program(_key(ast, renderer), compile)
+  if settings is None: return compile()
+  start = time.perf_counter()
+  try: return compile() if settings.programs is None else settings.programs.program(_key(ast, renderer), compile)
+  finally: settings.compile_s[0] += time.perf_counter() - start
 
 def _render_with_dp4a(self, uops) -> str:
   from ops import dp4a
@@ -200,6 +207,15 @@ def replays_through(run: Callable[..., None]) -> Iterator[None]:
   jit.run_linear = run
   try: yield
   finally: jit.run_linear = original
+
+def capturing_jit(fxn: Callable) -> Any:
+  """A TinyJit of `fxn` that captures its first call (and runs what it captured), where tinygrad's runs the first call
+  plainly and captures the second: the function is built and scheduled once instead of twice. Everything it reads must
+  be realized before that call: a lazy tensor's kernels would be captured too, and run again on every replay."""
+  from tinygrad import TinyJit
+  jit = TinyJit(fxn)
+  jit.cnt = 1   # tinygrad's count of the calls made: at 1 it captures
+  return jit
 
 def forget_compiled() -> None:
   """Drops every compiled program, so that the next kernels compile afresh (a measured compile time)."""

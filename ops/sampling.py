@@ -28,8 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
-from tinygrad import Tensor, TinyJit, dtypes
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import UOp
+from ops import patches
 from ops.host_io import DeviceSlot
 
 _WAYS, _PASSES = 32, 7
@@ -99,7 +100,7 @@ class Sampler:
   def __init__(self, params: SamplerParams, seed: int|None = None):
     self.params, self.rng = params, np.random.default_rng(seed)
     self.recent: collections.deque[int] = collections.deque(maxlen=params.repeat_last_n)
-    self.jit = TinyJit(self._step)
+    self.jit = patches.capturing_jit(self._step)   # the slots it reads are realized before its first call
     self.ring_size = max(READBACK, params.repeat_last_n)
     self._step_var = UOp.variable("sample_step", 0, self.ring_size - 1)
     self._steps = 0                        # steps queued so far; step i writes ring slot i % ring_size

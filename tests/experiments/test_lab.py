@@ -36,6 +36,7 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   assert record["metrics"]["bytes_per_token"] > 0
   # a run whose JITs all come from the cache starts in a fraction of this one's compile and capture
   m = record["metrics"]
+  assert all(m[k] > 0 for k in ("compile_s", "capture_s", "prefill_compile_s", "prefill_capture_s")), m   # compiled apart from the rest of a capture
   assert 0 < m["cached_start_s"] < (m["compile_s"] + m["capture_s"] + m["prefill_compile_s"] + m["prefill_capture_s"]) / 2, m
 
 def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):

@@ -143,7 +143,7 @@ def llama_cpp_perplexity(llama_cpp, model: Path, text: Path, ctx: int, chunks: i
 def test_perplexity_equals_llama_perplexity_on_the_real_models(model: str, tmp_path: Path):
   """Against llama.cpp run here where llama-cpp-python is installed (`make reference`), else its stored figure."""
   want = json.loads((FIXTURES / f"llama-perplexity-{model}.json").read_text())
-  r = tinyzoo("perplexity", model, "--ctx", str(want["ctx"]), "--chunks", str(want["chunks"]), "--json", cache=tmp_path)
+  r = tinyzoo("perplexity", model, "--ctx", str(want["ctx"]), "--chunks", str(want["chunks"]), "--json")
   assert r.returncode == 0, r.stderr
   got = json.loads(r.stdout)
   assert got["tokens"] == want["tokens"] and got["windows"] == want["chunks"]

@@ -11,7 +11,7 @@ from models.synth import synthesize
 def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
   rt = Runtime(path, resolve({"strategy": "packed_words", **breaks}), 32)
   logits = rt.prefill(rng_ids)
-  for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # eager, capture, replay
+  for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # capture, then replays
   return logits.numpy()[0], rt.kernels_per_token()
 
 @pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gpt-oss-20b-tiny", "gemma3-270m-tiny"])

@@ -1,6 +1,7 @@
 """Which kernels a decode step is made of: the elementwise ones are only the results that must be buffers."""
 import numpy as np
 import pytest
+from tinygrad import TinyJit
 from ops.kernels import jit_kernels
 from models.moe import MoE
 from models.runtime import Runtime
@@ -13,9 +14,24 @@ def test_llama_decode_realizes_no_rotated_query(tmp_path):
   activation (act_break): q is rotated where the attention logits read it, in no kernel of its own."""
   rt = Runtime(synthesize("llama3.2-1b-tiny", tmp_path / "llama.gguf", quant="Q8_0"), max_context=32)
   rt.prefill([5, 6, 7])
-  for pos in range(3, 6): rt.decode(8, pos)   # eager, capture, replay
+  for pos in range(3, 6): rt.decode(8, pos)   # capture, then replays
   elementwise = [k.name for k in jit_kernels(rt._decode) if k.name.startswith("E_")]
   assert len(elementwise) == 1 + 2 * rt.cfg.n_layers, elementwise
+
+@pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "deepseek-v2-lite-tiny"])
+def test_jits_captured_at_their_first_call_are_those_tinygrad_captures_at_its_second(tmp_path, preset):
+  """A runtime captures prefill, head and decode at their first calls: the same kernels (no kernel that made state,
+  captured and replayed with the step) and the same logits over a prompt and decode steps as tinygrad's TinyJit, which
+  runs the first call plainly and captures the second."""
+  path = synthesize(preset, tmp_path / "model.gguf", quant="Q8_0")
+  runs = {}
+  for first in (True, False):
+    rt = Runtime(path, resolve({}), 32)
+    if not first: rt._prefill, rt._head, rt._decode = TinyJit(rt._chunk), TinyJit(rt._logits), TinyJit(rt._forward)
+    logits = [rt.prefill_chunks(list(range(5, 25))).numpy() for _ in range(3)] + [rt.decode(8, pos).numpy() for pos in range(20, 24)]
+    runs[first] = logits, [[k.name for k in jit_kernels(j)] for j in (rt._prefill, rt._head, rt._decode)]
+  assert runs[True][1] == runs[False][1]
+  for ours, tinygrads in zip(runs[True][0], runs[False][0]): np.testing.assert_allclose(ours, tinygrads, rtol=1e-5, atol=1e-5)
 
 def test_whole_attention_reads_every_chunk_to_the_same_tokens(tmp_path):
   """`attention=whole` reads every chunk of the cache (static shapes), `chunked` (the default) as many as hold valid

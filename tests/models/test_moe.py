@@ -240,7 +240,7 @@ def test_decode_reads_the_shared_down_in_a_kernel_of_its_own(tmp_path: Path):
   from ops.kernels import jit_kernels
   rt = Runtime(synth.synthesize("deepseek-v2-lite-tiny", tmp_path / "ds.gguf", quant="Q8_0"), resolve({"strategy": "packed_words"}), 64)
   rt.prefill([5, 6, 7])
-  for pos in range(3, 6): rt.decode(8, pos)   # eager, capture, replay
+  for pos in range(3, 6): rt.decode(8, pos)   # capture, then replays
   reads = [r for *_, r in attribute(jit_kernels(rt._decode), buffer_labels(rt.weights.labels))]
   downs = [r for r in reads if any(n.endswith("ffn_down_exps") for n in r)]
   assert downs and all(len(r) == 1 for r in downs), downs

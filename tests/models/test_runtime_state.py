@@ -24,7 +24,7 @@ def test_two_runtimes_with_different_hints_do_not_share_kernels(tmp_path):
   upcast, plain = Runtime(path, resolve({"row_upcast": 8}), 32), Runtime(path, resolve({"row_upcast": 0}), 32)
   prompt = [5, 6, 7]
   logits = [rt.prefill(prompt).numpy() for rt in (plain, upcast)]
-  for pos in range(3, 6):   # used in turn: eager, capture, replay each
+  for pos in range(3, 6):   # used in turn: each captures, then replays
     for rt in (plain, upcast): rt.decode(8, pos)
   assert any(upcast_rows(upcast)) and not any(upcast_rows(plain))
   np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit
 from ops import patches
@@ -87,3 +88,17 @@ def test_compiled_programs_are_kept_apart_by_the_settings_in_force(rng):
   first = compiled(KernelSettings(MatvecOpts(8)))
   assert first >= 1 and compiled(KernelSettings(MatvecOpts(8))) == 0 and compiled(KernelSettings(MatvecOpts(4))) == first
   assert compiled(KernelSettings(MatvecOpts(8), pdl=True)) == first and compiled(None) == first
+
+def test_a_capturing_jit_captures_its_first_call_and_replays_it_on_new_inputs(rng):
+  """Its first call runs the function once, capturing what it realizes, and answers; later calls replay the kernels
+  on the inputs of the call without running the function. Compile seconds are counted under settings in force."""
+  calls, settings = [], KernelSettings()
+  def scaled_sums(t: Tensor) -> Tensor:
+    calls.append(t.shape)
+    return (t * 3).sum(axis=1).realize()
+  jit = patches.capturing_jit(scaled_sums)
+  xs = [rng.standard_normal((32, 40)).astype("float32") for _ in range(3)]
+  with settings:
+    outs = [jit(Tensor(x).realize()).numpy() for x in xs]
+  assert jit.captured is not None and len(calls) == 1 and settings.compile_s[0] > 0
+  for x, out in zip(xs, outs): np.testing.assert_allclose(out, (x.astype(np.float64) * 3).sum(axis=1), rtol=1e-5, atol=1e-4)
