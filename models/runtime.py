@@ -125,10 +125,10 @@ class Runtime:
     if not todo: return 0.0
     t0 = time.perf_counter()
     with tqdm(total=len(todo), desc="compiling", unit="JIT", leave=False, disable=not progress) as bar, sampler.trial():
-      logits = None
-      if {"prefill", "head"} & set(todo):
+      logits, chunk_jits = None, {"prefill", "head"} & set(todo)
+      if chunk_jits:
         logits = self.prefill_chunks([0])
-        bar.update(len({"prefill", "head"} & set(todo)))
+        bar.update(len(chunk_jits))
       if "decode" in todo:
         logits = self.decode(0, 0)
         bar.update(1)

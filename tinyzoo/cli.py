@@ -75,7 +75,7 @@ def cmd_cache(args) -> None:
   store = JitStore()
   if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs and compiled programs from {store.root}")
   jits, programs = store.entries((JIT_SUFFIX,)), store.entries((PROGRAM_SUFFIX,))
-  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {store.size() / 2**20:.1f} MiB "
+  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {sum(e[1] for e in (*jits, *programs)) / 2**20:.1f} MiB "
         f"of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:
