@@ -202,3 +202,12 @@ def test_a_runtime_without_a_store_keeps_its_programs_in_the_cache_directory(sam
   patches.forget_compiled()
   Runtime(same_shapes, resolve({}), 64).prefill([5, 6, 7]).realize()
   assert JitStore().root == tmp_path / "jits" and len(programs(JitStore())) > 10 and jits(JitStore()) == []
+
+def test_a_first_run_shows_its_compile_as_a_progress_bar_of_the_jits(model: Path, capfd):
+  """Warming up with progress on, a run with nothing kept draws a bar on stderr that counts the four JITs it captures
+  (prefill and head, decode, the sampler's); one with every JIT given draws none."""
+  rt, sampler = Runtime(model, resolve({}), 64), Sampler(GREEDY)
+  assert rt.warm_up(sampler, progress=True) > 0
+  err = capfd.readouterr().err
+  assert "compiling" in err and "4/4" in err, err
+  assert rt.warm_up(sampler, progress=True) == 0.0 and capfd.readouterr().err == ""
