@@ -27,9 +27,11 @@ TOLERANCE = {"packed": 2e-4, "float": 2e-4, "half": 3e-2}
 HALF_UNSTABLE = {"gpt-oss-20b-tiny"}
 # deepseek-v2-lite-tiny's half prefill, absorbed or expanded: of 200 fresh prompts the median was off by 0.25% of the
 # logit scale, one to three by more than 3% (at most 12%), before and after its shared experts were realized apart: a
-# router near-tie parts the two paths' experts. Of three prompts two must agree to the tolerance and none be off by
-# NEAR_TIE_BOUND
+# router near-tie parts the two paths' experts (of 200 more, prompts captured at the first call: 3 over 3%, at most 6.9%). Of five prompts three
+# must agree to the tolerance and none be off by NEAR_TIE_BOUND: with one prompt in 30 parted, three in one draw come
+# about once in 3,000 runs (two of three, the bound before, came once in 300)
 NEAR_TIES = {"deepseek-v2-lite-tiny"}
+NEAR_TIE_PROMPTS = 5
 NEAR_TIE_BOUND = 0.25
 
 def token_by_token(rt: Runtime, ids: list[int]) -> list[np.ndarray]:
@@ -45,7 +47,7 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
   rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK, **hints}), max_context=40)
   if "mla_prefill" in hints: assert prefill_form(rt.model, CHUNK) == hints["mla_prefill"] and prefill_form(rt.model, 1) == "absorbed"
   worst = []   # per prompt, the largest error over the lengths, relative to the logit scale
-  for _ in range(3 if prefill == "half" and model in NEAR_TIES else 1):
+  for _ in range(NEAR_TIE_PROMPTS if prefill == "half" and model in NEAR_TIES else 1):
     ids = rng.integers(10, rt.cfg.vocab_size, size=max(LENGTHS)).tolist()
     want = token_by_token(rt, ids)
     errs = []
@@ -55,7 +57,7 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
       if prefill != "half": assert np.argmax(got) == np.argmax(want[n - 1])
     worst.append(max(errs))
   if len(worst) == 1: assert worst[0] < TOLERANCE[prefill], f"max err {worst[0]:.3g} of the logit scale (by length {errs})"
-  else: assert sorted(worst)[1] < TOLERANCE[prefill] and max(worst) < NEAR_TIE_BOUND, f"max errs of three prompts {worst}"
+  else: assert sorted(worst)[len(worst) // 2] < TOLERANCE[prefill] and max(worst) < NEAR_TIE_BOUND, f"max errs of the prompts {worst}"
   # every length replayed one capture: prompts of other lengths compile nothing
   captured, compiled = rt._prefill.captured, len(to_program_cache)
   assert captured is not None
