@@ -184,11 +184,10 @@ class Transformer:
     """Token ids [B, T] -> the blocks' output [B, T, dim] (the KV caches written)."""
     x = self.embed.dequantize()[tokens]
     if self.embed_scale != 1.0: x = x * self.embed_scale
-    for block in self.blocks:
-      x = block(x, start_pos)
-      # a prompt chunk's blocks scheduled one after another: in one schedule every block's weights dequantized for its
-      # GEMMs (independent of the chunk) come first, all of them alive at once
-      if x.shape[1] > 1: x = x.realize()
+    # each block scheduled on its own: tinygrad's scheduling time grows faster than the graph, and a block's output is
+    # a buffer either way. In one schedule a prompt chunk's blocks would also dequantize every block's weights for its
+    # GEMMs (independent of the chunk) first, all of them alive at once
+    for block in self.blocks: x = block(x, start_pos).realize()
     return x
 
   def head(self, x: Tensor, last: sint | None = None) -> Tensor:
