@@ -8,6 +8,7 @@ from ops.norm import NormedInput
 from quant.activations import round_activations
 from ops.routing import ExpertGroups
 from quant.linear import STRATEGIES, QuantExperts, QuantLinear
+from quant.matvec_opts import DEFAULT_ROW_UPCAST, kernel_settings
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from ops.kernels import count_kernels
@@ -88,21 +89,23 @@ def test_normed_matches_the_norm_then_the_matmul(t: T, strategy: str, rng: np.ra
     assert_fp32_close(got, normed @ w.T + bias, np.abs(normed) @ np.abs(w).T + np.abs(bias), f"{t.name} {strategy} batch {batch}")
 
 E, K = 6, 2
+EXPERT_ROWS = 64   # as few as a model's experts have: the CPU's matvec opts take such rows (kernel_settings below)
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_K, T.MXFP4, T.BF16], ids=lambda t: t.name)
 def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Generator):
-  raw = random_blocks(t, (E, OUT, IN), rng, scale=0.1)
-  w = reference_weights(raw, t, (E, OUT, IN), strategy)
-  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, OUT, IN)), strategy=strategy)
+  """Under the kernel settings of a runtime on this CPU, as a model's experts run."""
+  raw = random_blocks(t, (E, EXPERT_ROWS, IN), rng, scale=0.1)
+  w = reference_weights(raw, t, (E, EXPERT_ROWS, IN), strategy)
+  experts = QuantExperts(QTensor.from_bytes(raw, t, (E, EXPERT_ROWS, IN)), strategy=strategy)
   sel = np.stack([rng.choice(E, size=K, replace=False) for _ in range(3)]).astype(np.int32)   # 3 tokens, k experts each
   for x in [rng.standard_normal((3, 1, IN)), rng.standard_normal((3, K, IN))]:   # one input for all k, or one per expert
     x = x.astype(np.float32)
-    got = experts(Tensor(x), Tensor(sel)).numpy()
+    with kernel_settings(DEFAULT_ROW_UPCAST): got = experts(Tensor(x), Tensor(sel)).numpy()
     if experts.int8: x = round_activations(Tensor(x), t, "ggml").numpy()   # x is read in 8 bits, rounded as ggml does
     want = np.stack([np.stack([w[e] @ x[i, min(j, x.shape[1] - 1)] for j, e in enumerate(row)]) for i, row in enumerate(sel)])
     bound = np.stack([np.stack([np.abs(w[e]) @ np.abs(x[i, min(j, x.shape[1] - 1)]) for j, e in enumerate(row)]) for i, row in enumerate(sel)])
-    assert got.shape == (3, K, OUT)
+    assert got.shape == (3, K, EXPERT_ROWS)
     assert_fp32_close(got, want, bound, f"{t.name} {strategy} x {x.shape}")
 
 @pytest.mark.parametrize("strategy", ["packed_words", "packed_dot"])
