@@ -79,7 +79,7 @@ def test_saved_base_is_written_whole_and_read_back(tmp_path: Path, rng: np.rando
   other = measure(fake_logprobs(vocab, 2), w, base=lambda i: saved.rows[i])
   assert other.summary()["kl_mean"] > 0.1 and other.summary()["base_perplexity"] == pytest.approx(base.perplexity)
   for wrong, vocab_, match in ((windows(list(w.tokens), 8, None, 1), vocab, "--ctx 16"), (w, 41, "vocabulary has 40"),
-                               (windows([5] + list(w.tokens[1:]), 16, None, None), vocab, "other tokens")):
+                               (windows([w.tokens[0] + 1] + list(w.tokens[1:]), 16, None, None), vocab, "other tokens")):
     with pytest.raises(QualityError, match=match): saved.check(wrong, vocab_)
   path.write_bytes(path.read_bytes()[:-4])
   with pytest.raises(QualityError, match="truncated"): SavedBase(path)
