@@ -38,6 +38,10 @@ TRIM_EVERY = 64   # programs written between checks of the store's size (each li
 
 class NotCacheable(ValueError): pass
 
+def total_bytes(entries: list[tuple[Path, int, float]]) -> int:
+  """The bytes of entries as JitStore.entries lists them."""
+  return sum(size for _, size, _ in entries)
+
 @functools.cache
 def source_digest() -> str:
   """sha256 over tinyzoo's own Python source: any change to it is another key."""
@@ -220,11 +224,11 @@ class JitStore:
       found.append((p, st.st_size, st.st_mtime))
     return sorted(found, key=lambda e: e[2])
 
-  def size(self) -> int: return sum(e[1] for e in self.entries())
+  def size(self) -> int: return total_bytes(self.entries())
 
   def trim(self) -> None:
     self.unchecked, entries = 0, self.entries()
-    total = sum(e[1] for e in entries)
+    total = total_bytes(entries)
     for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
       if total <= self.limit: break
       path.unlink(missing_ok=True)

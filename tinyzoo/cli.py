@@ -71,11 +71,11 @@ def cmd_run(args) -> None:
   run(args)
 
 def cmd_cache(args) -> None:
-  from models.jit_cache import JIT_SUFFIX, PROGRAM_SUFFIX, JitStore
+  from models.jit_cache import JIT_SUFFIX, PROGRAM_SUFFIX, JitStore, total_bytes
   store = JitStore()
   if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs and compiled programs from {store.root}")
   jits, programs = store.entries((JIT_SUFFIX,)), store.entries((PROGRAM_SUFFIX,))
-  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {sum(e[1] for e in (*jits, *programs)) / 2**20:.1f} MiB "
+  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {total_bytes(jits + programs) / 2**20:.1f} MiB "
         f"of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:
