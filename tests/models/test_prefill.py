@@ -27,9 +27,9 @@ TOLERANCE = {"packed": 2e-4, "float": 2e-4, "half": 3e-2}
 HALF_UNSTABLE = {"gpt-oss-20b-tiny"}
 # deepseek-v2-lite-tiny's half prefill, absorbed or expanded: of 200 fresh prompts the median was off by 0.25% of the
 # logit scale, one to three by more than 3% (at most 12%), before and after its shared experts were realized apart: a
-# router near-tie parts the two paths' experts (of 200 more, prompts captured at the first call: 3 over 3%, at most 6.9%). Of five prompts three
-# must agree to the tolerance and none be off by NEAR_TIE_BOUND: with one prompt in 30 parted, three in one draw come
-# about once in 3,000 runs (two of three, the bound before, came once in 300)
+# router near-tie parts the two paths' experts (of 200 more, prompts captured at the first call: 3 over 3%, at most
+# 6.9%). Of five prompts three must agree to the tolerance and none be off by NEAR_TIE_BOUND: with one prompt in 30
+# parted, three in one draw come about once in 3,000 runs (two of three, the bound before, came once in 300)
 NEAR_TIES = {"deepseek-v2-lite-tiny"}
 NEAR_TIE_PROMPTS = 5
 NEAR_TIE_BOUND = 0.25
