@@ -9,7 +9,8 @@ model's state (weights, caches, rope tables, the host slots) are not written int
 objects that hold it and bound to the loading run's buffer of that name. Buffers the JIT writes (its arena) are written
 as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
 MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's
-kernel settings, the device's name and the key's common parts below. A file is a magic line, the payload's sha256 and
+kernel settings, the device's name, tinygrad's version and settings, and only the tinyzoo source that runs while a kernel
+compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A file is a magic line, the payload's sha256 and
 the payload, written to a temporary file and renamed into place (two runs at once each leave a whole entry); one that
 fails any check is deleted and made again. The directory is kept under its limit by removing the entries least
 recently used, whenever a JIT is kept and after every TRIM_EVERY programs."""
@@ -42,12 +43,16 @@ def total_bytes(entries: list[tuple[Path, int, float]]) -> int:
   """The bytes of entries as JitStore.entries lists them."""
   return sum(size for _, size, _ in entries)
 
+ROOT = Path(__file__).resolve().parent.parent
+# tinyzoo's modules whose code runs inside a kernel's compile (its opts, renderer and launch changes)
+COMPILE_SOURCES = ("ops/patches.py", "ops/dp4a.py", "ops/cuda_graph.py", "quant/matvec_opts.py")
+
 @functools.cache
-def source_digest() -> str:
-  """sha256 over tinyzoo's own Python source: any change to it is another key."""
-  root, h = Path(__file__).resolve().parent.parent, hashlib.sha256()
-  for path in sorted(p for d in SOURCES for p in (root / d).rglob("*.py")):
-    h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+def source_digest(paths: tuple[str, ...] | None = None) -> str:
+  """sha256 over tinyzoo's own Python source (or the files `paths` names): any change to it is another key."""
+  h = hashlib.sha256()
+  for path in sorted(p for d in SOURCES for p in (ROOT / d).rglob("*.py")) if paths is None else [ROOT / p for p in paths]:
+    h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
   return h.hexdigest()
 
 # settings that change no kernel and no schedule: what tinygrad prints, where it caches compiles; where tinyzoo keeps files
@@ -63,8 +68,9 @@ def settings() -> dict[str, Any]:
   env = {k: v for k, v in sorted(os.environ.items()) if (k in ContextVar._cache or k.startswith("TINYZOO_")) and k not in UNKEYED}
   return {"version": version("tinygrad"), "env": env}
 
-def cache_key(**parts: Any) -> str:
-  return hashlib.sha256(json.dumps({**parts, "tinyzoo": source_digest(), "tinygrad": settings()}, sort_keys=True,
+def cache_key(sources: tuple[str, ...] | None = None, **parts: Any) -> str:
+  """A key of `parts` with tinygrad's settings and tinyzoo's source (or the files `sources` names)."""
+  return hashlib.sha256(json.dumps({**parts, "tinyzoo": source_digest(sources), "tinygrad": settings()}, sort_keys=True,
                                    default=str).encode()).hexdigest()
 
 def state_of(roots: dict[str, Any]) -> dict[str, Tensor]:
@@ -202,7 +208,7 @@ class JitStore:
   def program(self, key: tuple, compile: Callable[[], UOp]) -> UOp:
     """The compiled program (a PROGRAM) that tinygrad keys by `key` (with the kernel settings in force), taken from the
     store where a run compiled it before, else compiled by `compile` and kept."""
-    path = self.root / f"{cache_key(program=repr(key), device=self.device)}{PROGRAM_SUFFIX}"
+    path = self.root / f"{cache_key(COMPILE_SOURCES, program=repr(key), device=self.device)}{PROGRAM_SUFFIX}"
     def unpickle(payload: bytes) -> UOp:
       if not isinstance(prg := pickle.loads(payload), UOp) or prg.op is not Ops.PROGRAM: raise pickle.UnpicklingError("not a compiled program")
       return prg

@@ -6,8 +6,8 @@ modules (its files are not touched):
   `heuristic` may choose the opts itself (quant/matvec_opts.py); without settings, or without a heuristic of theirs,
   tinygrad's decides. Compiled programs are cached by their graph and by the settings in force, so kernels compiled
   under other settings are never reused; settings with a `programs` store also keep each program there and take it
-  from there in a later process. Compiles stay in this process: tinygrad's compile workers are spawned fresh and would
-  have none of these changes.
+  from there in a later process, and so does `keep_programs(store)` for kernels compiled under no settings. Compiles
+  stay in this process: tinygrad's compile workers are spawned fresh and would have none of these changes.
 - dp4a (ops/dp4a.py): the devectorizers split a CUSTOMI over a vector into one a lane, and C-style renderers put the
   function's definition at the top of a kernel that calls it.
 - CUDA graphs (ops/cuda_graph.py): built with every launch size at least 1; under settings with `pdl`, kernels rendered for
@@ -96,12 +96,19 @@ def _key(ast, renderer) -> tuple:
   settings = active()
   return (*_originals["program_key"](ast, renderer), None if settings is None else settings.compile_key)
 
+_unset_programs: list[Any] = [None]   # where kernels compiled under no settings are kept (keep_programs)
+
+def keep_programs(store: Any) -> None:
+  """From now on in this process, kernels compiled under no kernel settings are kept in `store` (as a settings'
+  `programs`) and taken from there where a process compiled them before."""
+  _unset_programs[0] = store
+
 def _do_to_program(ast, renderer):
   settings, compile = active(), functools.partial(_originals["do_to_program"], ast, renderer)
-  if settings is None: return compile()
-  start = time.perf_counter()
-  try: return compile() if settings.programs is None else settings.programs.program(_key(ast, renderer), compile)
-  finally: settings.compile_s[0] += time.perf_counter() - start
+  programs, start = _unset_programs[0] if settings is None else settings.programs, time.perf_counter()
+  try: return compile() if programs is None else programs.program(_key(ast, renderer), compile)
+  finally:
+    if settings is not None: settings.compile_s[0] += time.perf_counter() - start
 
 def _render_with_dp4a(self, uops) -> str:
   from ops import dp4a

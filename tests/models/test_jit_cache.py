@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 import pytest
-from models.jit_cache import JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, JitStore
+from models.jit_cache import COMPILE_SOURCES, JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, JitStore
 from models.runtime import ALL_JITS, Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
@@ -192,6 +192,21 @@ def test_a_damaged_program_is_compiled_again(model: Path, same_shapes: Path, tmp
   rt, tokens = generate(same_shapes, store)
   assert tokens == want and len(compiled) == len(kept) == len(store.notes) and all("compiling it again" in n for n in store.notes)
   assert all(p.read_bytes().startswith(MAGIC) and len(p.read_bytes()) > 1000 for p in programs(store))
+
+def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, tmp_path: Path, monkeypatch):
+  """Every tinyzoo function called while a model's kernels compile (int8 dot products too, so dp4a's) is in a file of
+  COMPILE_SOURCES, the only tinyzoo source a kept program's key hashes."""
+  from ops import patches
+  patches.forget_compiled()
+  called, compile = set(), patches._originals["do_to_program"]
+  def watched(ast, renderer):
+    sys.setprofile(lambda frame, event, arg: called.add(frame.f_code.co_filename) if event == "call" else None)
+    try: return compile(ast, renderer)
+    finally: sys.setprofile(None)
+  monkeypatch.setitem(patches._originals, "do_to_program", watched)
+  generate(model, JitStore(tmp_path / "jits"), {"strategy": "int8_dot"})
+  ours = {str(p.relative_to(ROOT)) for f in called if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT) and ".venv" not in p.parts}
+  assert {"quant/matvec_opts.py", "ops/dp4a.py", "ops/patches.py"} <= ours <= set(COMPILE_SOURCES), ours
 
 def test_a_runtime_without_a_store_keeps_its_programs_in_the_cache_directory(same_shapes: Path, tmp_path: Path, monkeypatch):
   from ops import patches
