@@ -194,8 +194,8 @@ def test_a_damaged_program_is_compiled_again(model: Path, same_shapes: Path, tmp
   assert all(p.read_bytes().startswith(MAGIC) and len(p.read_bytes()) > 1000 for p in programs(store))
 
 def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, tmp_path: Path, monkeypatch):
-  """Every tinyzoo function called while a model's kernels compile (int8 dot products too, so dp4a's) is in a file of
-  COMPILE_SOURCES, the only tinyzoo source a kept program's key hashes."""
+  """Every tinyzoo function called while a model's prompt kernels compile (int8 dot products too, so dp4a's) is in a
+  file of COMPILE_SOURCES, the only tinyzoo source a kept program's key hashes."""
   from ops import patches
   patches.forget_compiled()
   called, compile = set(), patches._originals["do_to_program"]
@@ -204,7 +204,7 @@ def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, 
     try: return compile(ast, renderer)
     finally: sys.setprofile(None)
   monkeypatch.setitem(patches._originals, "do_to_program", watched)
-  generate(model, JitStore(tmp_path / "jits"), {"strategy": "int8_dot"})
+  Runtime(model, resolve({"strategy": "int8_dot"}), 64, jits=JitStore(tmp_path / "jits")).prefill([5, 6, 7]).realize()
   ours = {str(p.relative_to(ROOT)) for f in called if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT) and ".venv" not in p.parts}
   assert {"quant/matvec_opts.py", "ops/dp4a.py", "ops/patches.py"} <= ours <= set(COMPILE_SOURCES), ours
 
