@@ -331,9 +331,10 @@ def parser() -> argparse.ArgumentParser:
                      description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
                                  "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
                                  "hints, the device and its name, tinygrad's version and settings and tinyzoo's source, and each kernel "
-                                 "program they compile, under a key of its graph, its compile settings, the device and the rest but the "
-                                 "model file (a run of another file of the same shapes, or with another context or hint, compiles only "
-                                 "the kernels no run compiled before); the least recently used go beyond "
+                                 "program they compile, under a key of its graph, its compile settings, the device, tinygrad's version and "
+                                 "settings and only the tinyzoo source that runs in a compile, not the model file (a run of another file "
+                                 "of the same shapes, or with another context or hint, compiles only the kernels no run compiled "
+                                 "before); the least recently used go beyond "
                                  f"${JIT_LIMIT_ENV} MiB (default {JIT_DEFAULT_MB}).")
   s.add_argument("--clear", action="store_true", help="remove every kept JIT and program")
   s.set_defaults(fn=cmd_cache)
