@@ -1,6 +1,7 @@
 """Captured JITs kept across runs in the cache directory (`jits/`), so that a later run with the same key schedules and
-compiles nothing; and the compiled programs of the kernels in them, so that a run with another key (another model file
-of the same shapes, another context or hint) compiles only the kernels no run compiled before.
+compiles nothing; and the compiled programs of the kernels in them (and of any kernel compiled under no settings, where
+ops/patches.py's keep_programs was given a store), so that a run with another key (another model file of the same shapes,
+another context or hint) compiles only the kernels no run compiled before.
 
 An entry is one pickled TinyJit (its planned calls, compiled programs and output tensors) under a key that hashes
 everything that changes it: the model file's sha256, the resolved hints, the device and its name, tinygrad's version and
@@ -10,10 +11,12 @@ objects that hold it and bound to the loading run's buffer of that name. Buffers
 as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
 MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's
 kernel settings, the device's name, tinygrad's version and settings, and only the tinyzoo source that runs while a kernel
-compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A file is a magic line, the payload's sha256 and
-the payload, written to a temporary file and renamed into place (two runs at once each leave a whole entry); one that
-fails any check is deleted and made again. The directory is kept under its limit by removing the entries least
+compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A file is a magic line,
+the payload's sha256 and the payload, written to a temporary file and renamed into place (two runs at once each leave a
+whole entry); one that fails any check is deleted and made again, and one that cannot be read or written is made and
+not kept. The directory is kept under its limit by removing the entries least
 recently used, whenever a JIT is kept and after every TRIM_EVERY programs."""
+import contextlib
 import functools
 import hashlib
 import io
@@ -44,8 +47,8 @@ def total_bytes(entries: list[tuple[Path, int, float]]) -> int:
   return sum(size for _, size, _ in entries)
 
 ROOT = Path(__file__).resolve().parent.parent
-# tinyzoo's modules whose code runs inside a kernel's compile (its opts, renderer and launch changes)
-COMPILE_SOURCES = ("ops/patches.py", "ops/dp4a.py", "ops/cuda_graph.py", "quant/matvec_opts.py")
+# tinyzoo's modules whose code runs inside a kernel's compile (its opts and rendering), and the tinyzoo modules they import
+COMPILE_SOURCES = ("ops/patches.py", "ops/dp4a.py", "ops/cuda_graph.py", "ops/cpu_threads.py", "ops/cache.py", "quant/matvec_opts.py")
 
 @functools.cache
 def source_digest(paths: tuple[str, ...] | None = None) -> str:
@@ -165,7 +168,9 @@ class JitStore:
     """The object in the entry at `path`, as `unpickle` makes it of the payload and checks it; None if there is none or
     it is damaged (then it is removed, with a note)."""
     try: data = path.read_bytes()
-    except FileNotFoundError: return None
+    except OSError as e:   # none, or one this process cannot read: made, and not kept
+      if not isinstance(e, FileNotFoundError): self.notes.append(f"jit cache: {path.name} unreadable ({e})")
+      return None
     try:
       if not data.startswith(MAGIC): raise pickle.UnpicklingError("not a tinyzoo cache entry of this version")
       digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
@@ -175,10 +180,16 @@ class JitStore:
       self.notes.append(f"jit cache: {path.name} was unusable ({type(e).__name__}: {e}); {made_again}")
       path.unlink(missing_ok=True)
       return None
-    os.utime(path)   # most recently used
+    with contextlib.suppress(FileNotFoundError): os.utime(path)   # most recently used, unless another run removed it meanwhile
     return obj
 
-  def _write(self, path: Path, payload: bytes) -> None: write_whole(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+  def _write(self, path: Path, payload: bytes) -> bool:
+    """Writes an entry whole; False (with a note) where the directory takes none (full, read-only)."""
+    try: write_whole(path, MAGIC + hashlib.sha256(payload).digest() + payload)
+    except OSError as e:
+      self.notes.append(f"jit cache: {path.name} not kept ({e})")
+      return False
+    return True
 
   def load(self, key: str, state: dict[str, Tensor]) -> _TinyJit | None:
     """The JIT stored under `key`, bound to `state`; None if there is none or it is damaged (then it is removed)."""
@@ -189,13 +200,14 @@ class JitStore:
     return self._read(self.path(key), unpickle, "capturing it again")
 
   def save(self, key: str, jit: _TinyJit, state: dict[str, Tensor]) -> bool:
-    """Stores a captured JIT whole or not at all; False (with a note) if it holds what cannot be cached."""
+    """Stores a captured JIT whole or not at all; False (with a note) if it holds what cannot be cached or the directory
+    takes no entry."""
     f = io.BytesIO()
     try: _Writer(f, state, written_buffers(jit)).dump(jit)
     except (NotCacheable, pickle.PicklingError, TypeError, AttributeError) as e:   # what pickle raises on an object it cannot write
       self.notes.append(f"jit cache: not kept ({e})")
       return False
-    self._write(self.path(key), f.getvalue())
+    if not self._write(self.path(key), f.getvalue()): return False
     self.trim()
     return True
 
@@ -237,7 +249,7 @@ class JitStore:
     total = total_bytes(entries)
     for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
       if total <= self.limit: break
-      path.unlink(missing_ok=True)
+      with contextlib.suppress(OSError): path.unlink(missing_ok=True)   # one it may not remove stays
       total -= size
 
   def clear(self) -> int:

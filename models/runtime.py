@@ -124,7 +124,7 @@ class Runtime:
     todo = [n for n in ALL_JITS if (sampler.jit if n == "sampler" else getattr(self, f"_{n}")).captured is None]
     if not todo: return 0.0
     t0 = time.perf_counter()
-    with tqdm(total=len(todo), desc="compiling", unit="JIT", leave=False, disable=not progress, mininterval=0) as bar, sampler.trial():
+    with tqdm(total=len(todo), desc="compiling", unit="JIT", leave=False, disable=not progress, mininterval=0, miniters=1) as bar, sampler.trial():
       logits, chunk_jits = None, {"prefill", "head"} & set(todo)
       if chunk_jits:
         logits = self.prefill_chunks([0])

@@ -68,7 +68,7 @@ class KernelSettings:
   @property
   def compile_key(self) -> tuple:
     """What compiled programs depend on besides their graph."""
-    return (self.heuristic, self.pdl, self.pdl_prefetch, self.tensor_cores)
+    return (self.heuristic, self.pdl, self.pdl_prefetch, self.tensor_cores, self.beam)
 
   def __enter__(self) -> "KernelSettings":
     from tinygrad.helpers import Context
@@ -225,6 +225,7 @@ def capturing_jit(fxn: Callable) -> Any:
   return jit
 
 def forget_compiled() -> None:
-  """Drops every compiled program, so that the next kernels compile afresh (a measured compile time)."""
+  """Drops this process's compiled programs, so that the next kernels compile afresh (a measured compile time) or come
+  from a store of kept programs, where one is in use."""
   import tinygrad.codegen as codegen
   codegen.to_program_cache.clear()

@@ -1,7 +1,6 @@
 import os
 import numpy as np
 import pytest
-from tinygrad import Device
 from models.jit_cache import JitStore
 from ops import patches
 
@@ -18,9 +17,11 @@ def rng(seed: int) -> np.random.Generator: return np.random.default_rng(seed)
 # what the runtime and the CLI install before they compile anything; tests of single ops compile kernels too
 patches.install()
 # The suite's compile cache: kernels compiled outside a runtime are kept in the cache directory's store, as a runtime's
-# are, so that the other worker, a CLI test's process and later runs of the suite take them instead of compiling them.
-Device.DEFAULT   # opened first: opening a device compiles, and the store's keys name the default device
-patches.keep_programs(JitStore())
+# are, so that the other worker and later runs of the suite take them instead of compiling them. The store names its
+# device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use.
+programs = JitStore()
+programs.device
+patches.keep_programs(programs)
 
 # Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker, and so do the other
 # tests of one module: the kernels they share are compiled once (tinygrad caches programs per process) instead of once in

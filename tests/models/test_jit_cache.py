@@ -208,6 +208,28 @@ def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, 
   ours = {str(p.relative_to(ROOT)) for f in called if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT) and ".venv" not in p.parts}
   assert {"quant/matvec_opts.py", "ops/dp4a.py", "ops/patches.py"} <= ours <= set(COMPILE_SOURCES), ours
 
+def test_the_compile_sources_import_no_other_tinyzoo_module():
+  """What a file of COMPILE_SOURCES imports from tinyzoo (at its top or inside a function) is in COMPILE_SOURCES too, so
+  that a table or helper it reads from elsewhere is hashed with it."""
+  import ast
+  for source in COMPILE_SOURCES:
+    for node in ast.walk(ast.parse((ROOT / source).read_text())):
+      if isinstance(node, ast.Import): names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        names = [node.module] if "." in node.module else [f"{node.module}.{a.name}" for a in node.names]
+      else: continue
+      for name in (n for n in names if n.split(".")[0] in ("ops", "quant", "models", "profiles", "tinyzoo")):
+        assert name.replace(".", "/") + ".py" in COMPILE_SOURCES, f"{source} imports {name}"
+
+def test_a_store_whose_directory_takes_no_entry_runs_without_it(model: Path, first_run, tmp_path: Path):
+  """A cache directory that cannot be made (its parent a file) keeps nothing: the run answers as one with a store does,
+  with a note for each JIT not kept."""
+  (tmp_path / "file").write_text("")
+  store = JitStore(tmp_path / "file" / "jits")
+  rt, tokens = generate(model, store)
+  assert tokens == first_run[1] and rt.cached == set() and store.entries() == []
+  assert sum(f"{JIT_SUFFIX} not kept" in n for n in store.notes) == 4 and all("not kept" in n or "unreadable" in n for n in store.notes)
+
 def test_a_runtime_without_a_store_keeps_its_programs_in_the_cache_directory(same_shapes: Path, tmp_path: Path, monkeypatch):
   from ops import patches
   monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
