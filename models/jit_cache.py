@@ -14,8 +14,8 @@ kernel settings, the device's name, tinygrad's version and settings, and only th
 compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A file is a magic line,
 the payload's sha256 and the payload, written to a temporary file and renamed into place (two runs at once each leave a
 whole entry); one that fails any check is deleted and made again, and one that cannot be read or written is made and
-not kept. The directory is kept under its limit by removing the entries least
-recently used, whenever a JIT is kept and after every TRIM_EVERY programs."""
+not kept. The directory is kept under its limit by removing the entries least recently used, whenever a JIT is kept
+and after every TRIM_EVERY programs."""
 import contextlib
 import functools
 import hashlib
@@ -249,7 +249,8 @@ class JitStore:
     total = total_bytes(entries)
     for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
       if total <= self.limit: break
-      with contextlib.suppress(OSError): path.unlink(missing_ok=True)   # one it may not remove stays
+      try: path.unlink(missing_ok=True)
+      except OSError: continue   # one it may not remove stays, and counts
       total -= size
 
   def clear(self) -> int:

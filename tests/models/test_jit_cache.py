@@ -193,6 +193,21 @@ def test_a_damaged_program_is_compiled_again(model: Path, same_shapes: Path, tmp
   assert tokens == want and len(compiled) == len(kept) == len(store.notes) and all("compiling it again" in n for n in store.notes)
   assert all(p.read_bytes().startswith(MAGIC) and len(p.read_bytes()) > 1000 for p in programs(store))
 
+def test_an_entry_the_store_may_not_remove_still_counts_toward_its_limit(tmp_path: Path, monkeypatch):
+  """Trimming past an entry it may not remove (another user's, a read-only file) removes the next ones in its place."""
+  store = JitStore(tmp_path / "jits", limit=2500)
+  for i in range(4):
+    write = store.root / f"{i}{PROGRAM_SUFFIX}"
+    store._write(write, bytes(1000))
+    os.utime(write, (i, i))
+  stuck, unlink = store.root / f"0{PROGRAM_SUFFIX}", Path.unlink
+  def refuse(path: Path, missing_ok: bool = False):
+    if path == stuck: raise PermissionError(f"may not remove {path}")
+    unlink(path, missing_ok=missing_ok)
+  monkeypatch.setattr(Path, "unlink", refuse)
+  store.trim()
+  assert sorted(p.name for p in store.root.iterdir()) == [f"0{PROGRAM_SUFFIX}", f"3{PROGRAM_SUFFIX}"]
+
 def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, tmp_path: Path, monkeypatch):
   """Every tinyzoo function called while a model's prompt kernels compile (int8 dot products too, so dp4a's) is in a
   file of COMPILE_SOURCES, the only tinyzoo source a kept program's key hashes."""
