@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from tinygrad import Device
 from tinygrad.device import Buffer
-from tinygrad.engine.realize import ExecContext, get_call_arg_uops, pm_exec
+from tinygrad.engine.realize import ExecContext, get_call_arg_uops, get_graph_runtime, pm_exec
 from tinygrad.uop.ops import Ops, UOp
 from ops.kernels import CATEGORIES, Kernel, replay_kernels
 from experiments.peer_llamacpp import ncu_us
@@ -111,13 +111,19 @@ def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int, experts
   return sum(read(b) for b in touched if kinds[b] & {"matmul", "experts", "table"})
 
 @contextmanager
-def timed_replays(per_call: dict[UOp, list[list[float]]]):
-  """While active, every JIT replay runs its calls one at a time, waiting for each, and appends their seconds to
-  `per_call[linear]`."""
+def timed_replays(per_call: dict[UOp, list[list[tuple[float, bool]]]]):
+  """While active, every JIT replay runs its calls one at a time, waiting for each, and appends to `per_call[linear]`
+  the seconds of each of its kernels, with whether that is its batch's time split evenly: a graph batch is timed
+  kernel by kernel where its graph can (the CPU's), else as a whole."""
   def run_timed(linear: UOp, var_vals=None, input_uops=(), update_stats=True, jit=False, wait=False):  # noqa: ARG001 (run_linear's signature)
     ctx = ExecContext(var_vals or {}, tuple(input_uops), update_stats=False, jit=jit, wait=True)
-    times = []
+    times: list[tuple[float, bool]] = []
     for call in linear.src:
+      kernels = len(replay_kernels(linear.replace(src=(call,))))
+      graph = get_graph_runtime(call.src[0], ctx.input_uops) if call.src[0].op is Ops.CUSTOM_FUNCTION and call.src[0].arg == "graph" else None
+      if hasattr(graph, "kernel_times"):
+        times += [(t, False) for t in graph.kernel_times(ctx.input_uops, ctx.var_vals)]
+        continue
       # a graph batch with no outside inputs has no buffer sources: it runs on the default device
       device = call.src[1].device if len(call.src) > 1 else Device.DEFAULT
       dev = Device[device if isinstance(device, str) else device[0]]
@@ -125,21 +131,18 @@ def timed_replays(per_call: dict[UOp, list[list[float]]]):
       ets = pm_exec.rewrite(call, ctx) or []
       dev.synchronize()
       wall = time.perf_counter() - t0
-      times.append(sum(e for e in ets if e is not None) if ets and all(e is not None for e in ets) else wall)
+      seconds = sum(e for e in ets if e is not None) if ets and all(e is not None for e in ets) else wall
+      times += [(seconds / kernels, kernels > 1)] * kernels
     per_call.setdefault(linear, []).append(times)
   with patches.replays_through(run_timed): yield
 
-def rows_for(linear: UOp, labels: Labels, replay_times: list[list[float]], block: str | None = None) -> list[KernelRow]:
-  """One row per kernel of `linear`; times are medians over the timed replays, split evenly inside a batch."""
+def rows_for(linear: UOp, labels: Labels, replay_times: list[list[tuple[float, bool]]], block: str | None = None) -> list[KernelRow]:
+  """One row per kernel of `linear`; times are medians over the timed replays (`timed_replays`)."""
   kernels = replay_kernels(linear)
-  per_batch = Counter(k.batch for k in kernels if k.batch is not None)
-  call_median = [statistics.median(ts) * 1e6 for ts in zip(*replay_times)] if replay_times else []
-  rows, call = [], -1
-  for i, (k, (cat, blk, module, reads)) in enumerate(zip(kernels, attribute(kernels, labels))):
-    if k.batch is None or i == 0 or kernels[i - 1].batch != k.batch: call += 1
-    us = None if not call_median else call_median[call] / (per_batch[k.batch] if k.batch is not None else 1)
-    rows.append(KernelRow(i, k.name, cat, block or blk, module, reads, us, k.batch is not None))
-  return rows
+  us = [statistics.median(t for t, _ in ts) * 1e6 for ts in zip(*replay_times)] if replay_times else [None] * len(kernels)
+  batched = [any(b for _, b in ts) for ts in zip(*replay_times)] if replay_times else [k.batch is not None for k in kernels]
+  return [KernelRow(i, k.name, cat, block or blk, module, reads, t, split)
+          for i, (k, (cat, blk, module, reads), t, split) in enumerate(zip(kernels, attribute(kernels, labels), us, batched))]
 
 def block_summary(rows: list[KernelRow]) -> list[dict]:
   """Per block, in order of first appearance: kernels, kernels per category and total time."""
@@ -215,7 +218,7 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   from models.deepseek2 import prefill_form
   rt = cfg.runtime(path, cfg.pp)
   ids = prompt_ids(rt, min(cfg.pp, rt.chunk))
-  times: dict[UOp, list[list[float]]] = {}
+  times: dict[UOp, list[list[tuple[float, bool]]]] = {}
   rt.prefill_chunks(ids).realize()   # compiles and captures
   with timed_replays(times):
     for _ in range(repeats): rt.prefill_chunks(ids).realize()
@@ -253,7 +256,7 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   prompt = prompt_length(cfg.depth)
   rt = cfg.runtime(path, prompt + cfg.warmup + repeats + 8)
   sampler = Sampler(SamplerParams(temperature=0))
-  times: dict[UOp, list[list[float]]] = {}
+  times: dict[UOp, list[list[tuple[float, bool]]]] = {}
   with rt.kernels:   # the sampler's kernels too, as the runtime's generation loop compiles them
     token, pos = sampler(rt.prefill(prompt_ids(rt, prompt))), prompt
     for _ in range(1 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1   # the first compiles and captures

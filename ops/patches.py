@@ -13,7 +13,9 @@ modules (its files are not touched):
 - CUDA graphs (ops/cuda_graph.py): built with every launch size at least 1; under settings with `pdl`, kernels rendered for
   sm_90 or later begin with the programmatic-launch entry and the graph joins them by programmatic edges.
 - CPU threads (ops/cpu_threads.py): a kernel split over threads (a `core_id` parameter) is launched as one call of the
-  thread pool's fork-join, which runs its ids on every core at once, where tinygrad launches it once an id in turn.
+  thread pool's fork-join, which runs its ids on every core at once, where tinygrad launches it once an id in turn; and
+  the CPU device has a graph, `CPUGraph`, which runs a batch of a captured JIT's kernels in one call from C where
+  tinygrad launches each from Python.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -167,11 +169,17 @@ def _threaded_call(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), val
   """tinygrad's CPU launch of a kernel, or for one split over threads (a `core_id` parameter) one call of the thread
   pool's fork-join with the kernel, its number of ids and the position of its id among its arguments."""
   slot, args = self.runtimevars.get("core_id"), [b.va_addr for b in bufs] + [v or 0 for v in vals]
-  if slot is None or self.lvp or global_size[0] < 2 or len(args) > cpu_threads.ARGS - cpu_threads.OWN:
+  if slot is None or self.lvp or global_size[0] < 2:
     return _originals["cpu_call"](self, *bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)
   start = time.perf_counter()
   cpu_threads.fork_join(self.addr, global_size[0], slot, args)
   return time.perf_counter() - start if wait else None
+
+def _with_graph(init: Callable) -> Callable:
+  def __init__(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.graph = cpu_threads.CPUGraph
+  return __init__
 
 _installed: list[bool] = []
 
@@ -182,6 +190,7 @@ def install() -> None:
   import tinygrad.codegen as codegen
   import tinygrad.engine.realize as realize
   from tinygrad.codegen.opt import heuristic
+  from tinygrad import Device
   from tinygrad.helpers import PARALLEL
   from tinygrad.renderer.cstyle import CStyleLanguage, CUDARenderer
   from tinygrad.uop.ops import ProgramInfo
@@ -196,9 +205,11 @@ def install() -> None:
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
-  from tinygrad.runtime.ops_cpu import CPUProgram
+  from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram
   _originals.update(cpu_call=CPUProgram.__call__)
   CPUProgram.__call__ = _threaded_call   # type: ignore[method-assign]
+  CPUDevice.__init__ = _with_graph(CPUDevice.__init__)   # type: ignore[method-assign]
+  if "CPU" in Device._opened_devices: Device["CPU"].graph = cpu_threads.CPUGraph
   try:
     import tinygrad.runtime.autogen.cuda as cuda
     from tinygrad.runtime.graph.cuda import CUDAGraph

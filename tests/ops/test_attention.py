@@ -3,6 +3,7 @@ import pytest
 from tinygrad import GlobalCounters, Tensor, TinyJit, UOp, dtypes
 from ops.attention import CHUNK, SELF_MARGIN, VARIANTS, KVCache, attention, chunks_read, fused_attention, over_denominator, part_sums, soft_capped, \
   values_with_denominator
+from ops.kernels import count_kernels
 from ops.norm import rms_norm
 from ops.rope import apply_rope, rope_tables
 
@@ -152,7 +153,7 @@ def test_normalized_keys_cost_no_kernel(rng):
     jit = TinyJit(lambda q, pos: fused_attention(q, ks, vs, pos, scale=D ** -0.5, q_rope=(rope[0][pos:pos + 1], rope[1][pos:pos + 1], False),
                                            key_rope=rope, softmax="self", **kw).realize())
     for pos in (38, 39, 40): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
-    counts[name] = len(jit.captured.linear.src)
+    counts[name] = count_kernels(jit)
   assert counts["normed"] == counts["plain"], counts
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
@@ -228,7 +229,7 @@ def test_softmax_by_self_saves_the_max_kernel(rng, sinks):
   for softmax in ("max", "self"):
     jit = TinyJit(lambda q, pos: fused_attention(q, ks, vs, pos, scale=D ** -0.5, softmax=softmax, sinks=sink).realize())
     for pos in (30, 31, 32): jit(Tensor(rng.normal(size=q.shape).astype(np.float32)).realize(), UOp.variable("pos", 0, 2 * CHUNK - 1).bind(pos))
-    counts[softmax] = len(jit.captured.linear.src)
+    counts[softmax] = count_kernels(jit)
   assert counts["self"] == counts["max"] - 1, counts
   with pytest.raises(ValueError, match="unknown softmax stabilizer 'online'"): fused_attention(Tensor(q), ks, vs, 30, scale=1.0, softmax="online")
 
@@ -345,7 +346,7 @@ def test_fused_split_in_a_jit_over_chunk_boundaries(seed, rng, softmax, sinks):
       q_rot = apply_rope(Tensor(q[:, :, p:p + 1]), cos[p:p + 1], sin[p:p + 1], False).numpy()
       want = ref_attention(q_rot, k_rot[:, :, :p + 1], v[:, :, :p + 1], p, D ** -0.5, sinks=sink)
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{split=} {p=} seed={seed}")
-    counts[split] = len(jit.captured.linear.src)
+    counts[split] = count_kernels(jit)
   assert counts[2] == counts[0] + (1 if softmax == "self" else 2), counts
   with pytest.raises(ValueError, match="a cache of 4 chunks is not parts of 3"): fused_attention(Tensor(q[:, :, :1]), ks, vs, 5, scale=1.0, split=3)
 
