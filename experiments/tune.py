@@ -17,7 +17,7 @@ from ops.norm import NORMS
 
 # hint -> the values tried; row_upcast only shapes CPU kernels, the JIT batch size only GPU graphs
 SEARCH = {"norm": NORMS, "act_break": (True, False), "strategy": ("packed_dot", "packed_words"), "fuse": (True, False),
-          "kv_layout": LAYOUTS, "act_in_matmul": (False, True), "softmax": SOFTMAXES}
+          "kv_layout": LAYOUTS, "act_in_matmul": (False, True), "softmax": SOFTMAXES, "weights_break": (True, False)}
 CPU_SEARCH = {"row_upcast": (8, 4, 16)}
 GPU_SEARCH = {"jit_batch_size": (32, 64, 16)}
 

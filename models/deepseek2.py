@@ -104,7 +104,7 @@ class MLAttention:
     self.v_b = w.linear(f"{prefix}.attn_v_b")
     self.o = w.linear(f"{prefix}.attn_output")
     self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device, per_part=max(1, w.hints.split_kv))
-    self.split = w.hints.split_kv
+    self.split, self.weights_break = w.hints.split_kv, w.hints.weights_break
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
 
   def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
@@ -125,7 +125,7 @@ class MLAttention:
     else:
       q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
       latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
-                                 split=self.split, softmax=self.softmax)
+                                 split=self.split, softmax=self.softmax, weights_break=self.weights_break)
       out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 

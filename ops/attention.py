@@ -211,14 +211,20 @@ def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTyp
   return w.matmul(v, dtype=dtypes.float32).reshape(B, H, G, T, values.shape[-1]) / (den if sink_term is None else den + sink_term)
 
 def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                   chunk_dtype: DTypeLike = dtypes.float32) -> Tensor:
+                   chunk_dtype: DTypeLike = dtypes.float32, weights_break: bool = False) -> Tensor:
   """softmax(logits) times the values [..., n, CHUNK, Dv], the logits less `peak` before exp and the division after the
   value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator.
-  Several query rows (a prompt chunk) take gemm_values in `chunk_dtype`."""
+  Several query rows (a prompt chunk) take gemm_values in `chunk_dtype`. With `weights_break` one row's weights are
+  realized first (`weights_realized`)."""
   e = (logits - peak).exp()
   sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
   if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
-  return values_with_denominator(e, values, sink_term)
+  return values_with_denominator(weights_realized(e, weights_break), values, sink_term)
+
+def weights_realized(e: Tensor, weights_break: bool) -> Tensor:
+  """A decode step's softmax weights as the value sum reads them: computed inside it, each exp again for every value
+  column (no kernel of their own), or with `weights_break` realized by a kernel of their own, each exp computed once."""
+  return e.contiguous() if weights_break else e
 
 # the columns of ones beside a part's values: 16 keep the columns a multiple of 16, so that a GPU spreads them over the
 # threads of a workgroup (with one, Dv + 1 columns took a workgroup of 8 threads, each reading another head's values)
@@ -239,7 +245,7 @@ def split_parts(split: int, T: int, window: int | None) -> int:
   return split if T == 1 and window is None else 0
 
 def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                         most: int | None = None) -> Tensor:
+                         most: int | None = None, weights_break: bool = False) -> Tensor:
   """softmax_values for one query row over logits [..., parts, per_part, CHUNK] and values [..., parts, per_part, CHUNK,
   Dv] (as _chunks gives them in parts; flash-decoding): each part's value sum and denominator (part_sums) by one kernel
   whose workgroups cover every head and part, then their sum over the parts by a second, so that a long context's
@@ -247,7 +253,8 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
   (softmax self) the parts' sums add as they are; with None each part is stabilized by its own max and rescaled to the
   largest when they are added (no kernel for a max over every position). The second kernel reads a symbolic count of
   parts' sums padded to `most` as a view (no memory read), so that it sums a static axis, which a GPU spreads over
-  threads (over a symbolic one each thread walked every part)."""
+  threads (over a symbolic one each thread walked every part). With `weights_break` the weights are realized first
+  (`weights_realized`)."""
   Dv, count = values.shape[-1], logits.shape[-3]
   def grown(t: Tensor, value: float) -> Tensor:
     if most is None or isinstance(count, int): return t
@@ -255,7 +262,8 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
   if peak is None:
     local = logits.max((-2, -1))
     local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (under `whole`)
-  parts = grown(part_sums((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), values).contiguous(), 0.0)
+  e = weights_realized((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), weights_break)
+  parts = grown(part_sums(e, values).contiguous(), 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
@@ -363,11 +371,11 @@ def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> T
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
                     key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
-                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0) -> Tensor:
+                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0, weights_break: bool = False) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
-  `softmax` says, a decode step's value sums split into parts of `split` chunks (split_parts). Several query rows (a prompt chunk)
-  take `_chunk_attention`."""
+  `softmax` says, a decode step's value sums split into parts of `split` chunks (split_parts), its weights realized
+  first with `weights_break` (`weights_realized`). Several query rows (a prompt chunk) take `_chunk_attention`."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
@@ -398,9 +406,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   logits, sink = visible(logits, L, span, start_pos, window, per_part), _sinks(sinks, Hkv, reads.G)
   sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
   if per_part:
-    out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span, per_part), sink, sink_peak, L // CHUNK // per_part)
-  elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype)
-  else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype)
+    out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span, per_part), sink, sink_peak, L // CHUNK // per_part,
+                               weights_break)
+  elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype, weights_break)
+  else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype, weights_break)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
 
 def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, Tensor] | None, *, scale: float, window: int | None,

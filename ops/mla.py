@@ -34,14 +34,14 @@ class LatentCache:
     return write_positions(self.rows, c.cat(k_pe.cast(c.dtype), dim=-1), start_pos)
 
 def mla_attention(q_lat: Tensor, q_pe: Tensor, rows: Tensor, start_pos: sint, *, scale: float, variant: str = "chunked",
-                  chunk_dtype: DTypeLike = dtypes.float32, split: int = 0, softmax: str = "max") -> Tensor:
+                  chunk_dtype: DTypeLike = dtypes.float32, split: int = 0, softmax: str = "max", weights_break: bool = False) -> Tensor:
   """q_lat [B, H, T, r] (q_nope @ Wk[h]), q_pe [B, H, T, d_rope], rows [B, L, r + d_rope] from LatentCache
   -> the latent output [B, H, T, r] (softmax @ c), which Wv[h] expands to the heads' values. A decode step's softmax is
   stabilized as `softmax` says (ops/attention.py: under `self` by each head's logit of the newest row, so that neither
-  a max kernel nor, split, the parts' maxima and their max are needed)."""
+  a max kernel nor, split, the parts' maxima and their max are needed), its weights realized first with `weights_break`."""
   kv = rows.unsqueeze(1)
   return fused_attention(q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), kv, kv[..., :q_lat.shape[-1]], start_pos, scale=scale, variant=variant,
-                         softmax=softmax, chunk_dtype=chunk_dtype, split=split)
+                         softmax=softmax, chunk_dtype=chunk_dtype, split=split, weights_break=weights_break)
 
 def expanded_cheaper(rows: int, rank: int, nope_dim: int, v_dim: int) -> bool:
   """Whether a chunk of `rows` query rows costs fewer multiplications expanded than absorbed, at any number of positions

@@ -1,7 +1,8 @@
-"""The fusion breaks (norm `break` and `single`, `act_break`) realize a matmul's input as a buffer of its own, norm `fold`
-computes the norm inside the matmuls that read it: the same logits, and exactly the kernels they add (a break: one per
-RMS norm a matmul reads, one per FFN, dense or MoE; `single`: none, its one kernel taking the place of the fused norm's
-sum of squares, and one per norm of a residual branch, of q or of k) or save (the fold: one per norm a dense matmul reads)."""
+"""The fusion breaks (norm `break` and `single`, `act_break`, `weights_break`) realize a matmul's input as a buffer of
+its own, norm `fold` computes the norm inside the matmuls that read it: the same logits, and exactly the kernels they
+add (a break: one per RMS norm a matmul reads, one per FFN, dense or MoE, one per attention's value sum; `single`: none,
+its one kernel taking the place of the fused norm's sum of squares, and one per norm of a residual branch, of q or of k)
+or save (the fold: one per norm a dense matmul reads)."""
 import numpy as np
 import pytest
 from models.runtime import Runtime
@@ -9,7 +10,7 @@ from profiles.hints import resolve
 from models.synth import synthesize
 
 def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
-  rt = Runtime(path, resolve({"strategy": "packed_words", **breaks}), 32)
+  rt = Runtime(path, resolve({"strategy": "packed_words", "weights_break": False, **breaks}), 32)
   logits = rt.prefill(rng_ids)
   for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # capture, then replays
   return logits.numpy()[0], rt.kernels_per_token()
@@ -25,8 +26,8 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   # `single` also sums Gemma's post-attention and post-FFN norms in the kernel that adds them to the residual stream,
   # and its q and k norms where the logits and the cache write read them; `fold` does that too, beside its folded norms
   single = -4 * blocks if preset.startswith("gemma") else 0
-  for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "norm": "break"}, 2 * blocks + 1),
-                        ({"act_break": False, "norm": "single"}, single),
+  for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "weights_break": True}, blocks),
+                        ({"act_break": False, "norm": "break"}, 2 * blocks + 1), ({"act_break": False, "norm": "single"}, single),
                         ({"act_break": False, "norm": "fold"}, single - 2 * blocks)):
     got, n = decode(path, ids, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")

@@ -320,14 +320,16 @@ def test_split_over_chunks_equals_one_sum(seed, rng, features, half_cache):
     else: np.testing.assert_allclose(got, ref_attention(q, k, v, start_pos, D ** -0.5, sinks=sinks, **kw), rtol=1e-4, atol=1e-5,
                                      err_msg=f"{start_pos=} seed={seed}")
 
+@pytest.mark.parametrize("weights_break", [False, True], ids=["", "weights-break"])
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("softmax", ["max", "self"])
-def test_fused_split_in_a_jit_over_chunk_boundaries(seed, rng, softmax, sinks):
+def test_fused_split_in_a_jit_over_chunk_boundaries(seed, rng, softmax, sinks, weights_break):
   """The fused path split into parts of 2 chunks, captured with a symbolic position and replayed past two chunk
   boundaries (one part, then two, the chunks past the newest read and masked), equals the float64 attention of the
-  rotated q and keys at each step; split costs the second kernel that adds the parts up, and under softmax max a
-  per-part max in place of the max over every position, and a kernel for the largest of the parts' maxes that the second
-  one rescales them to. A cache not in whole parts is an error."""
+  rotated q and keys at each step, whether or not the weights are realized first (`weights_break`); split costs the
+  second kernel that adds the parts up, and under softmax max a per-part max in place of the max over every position,
+  and a kernel for the largest of the parts' maxes that the second one rescales them to. A cache not in whole parts is
+  an error."""
   S = 2 * CHUNK + 3
   q, k, v = (a[:1] for a in qkv(rng, S, S))
   sink = rng.normal(size=HQ).astype(np.float32) if sinks else None
@@ -339,7 +341,7 @@ def test_fused_split_in_a_jit_over_chunk_boundaries(seed, rng, softmax, sinks):
   for split in (0, 2):
     def step(qt: Tensor, pos) -> Tensor:
       return fused_attention(qt, ks, vs, pos, scale=D ** -0.5, q_rope=(cos[pos:pos + 1], sin[pos:pos + 1], False), softmax=softmax,
-                             sinks=tsink, split=split).realize()
+                             sinks=tsink, split=split, weights_break=weights_break).realize()
     jit = TinyJit(step)
     for p in (CHUNK - 2, CHUNK - 1, CHUNK, 2 * CHUNK - 1, 2 * CHUNK + 2):
       got = jit(Tensor(q[:, :, p:p + 1]).realize(), UOp.variable("pos", 0, 4 * CHUNK - 1).bind(p)).numpy()
