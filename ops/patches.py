@@ -16,6 +16,9 @@ modules (its files are not touched):
   thread pool's fork-join, which runs its ids on every core at once, where tinygrad launches it once an id in turn; and
   the CPU device has a graph, `CPUGraph`, which runs a batch of a captured JIT's kernels in one call from C where
   tinygrad launches each from Python.
+- JIT inputs: a TinyJit call whose inputs are the realized tensors of an earlier call, unchanged (the same UOps), takes
+  what tinygrad worked out from them then (their names, views and types, which a replay checks) instead of working it
+  out again, a cost paid on every call of every replay.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -25,6 +28,7 @@ import ctypes
 import functools
 import importlib.metadata
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from ops import cpu_threads
@@ -181,6 +185,31 @@ def _with_graph(init: Callable) -> Callable:
     self.graph = cpu_threads.CPUGraph
   return __init__
 
+# what _prepare_jit_inputs worked out for the inputs of recent calls: (names, views and types) by the calls' tensors
+_inputs_seen: dict[tuple, tuple[tuple, list, list]] = {}
+INPUTS_SEEN = 256
+
+def _remembered_jit_inputs(args: tuple, kwargs: dict):
+  """tinygrad's _prepare_jit_inputs, taken from an earlier call with the same realized tensors (the same UOps, each
+  checked alive by a weak reference: nothing is kept alive), where those held no variables in their views and the call
+  passes no containers; the variables' values from the call's bound UOps."""
+  from tinygrad import Tensor
+  from tinygrad.uop.ops import Ops, UOp
+  named = [*enumerate(args), *sorted(kwargs.items())]
+  if any(isinstance(a, (tuple, list, dict)) for _, a in named): return _originals["jit_inputs"](args, kwargs)
+  tensors = [(name, t) for name, t in named if t.__class__ is Tensor]
+  uops = [t.uop.src[0] if t.uop.op is Ops.UNSHARD else t.uop for _, t in tensors]
+  key = tuple((name, id(u)) for (name, _), u in zip(tensors, uops))
+  seen = _inputs_seen.get(key)
+  if seen is None or any(ref() is not u for ref, u in zip(seen[0], uops)) or not all(u.is_realized for u in uops):
+    prepared = _originals["jit_inputs"](args, kwargs)
+    if all(not variables for _, variables, _, _ in prepared[3]):
+      if len(_inputs_seen) >= INPUTS_SEEN: _inputs_seen.pop(next(iter(_inputs_seen)))
+      _inputs_seen[key] = (tuple(weakref.ref(u) for u in uops), prepared[2], prepared[3])
+    return prepared
+  var_vals = {v.expr: val for v, val in (a.unbind() for _, a in named if isinstance(a, UOp))}
+  return [u.base for u in uops], var_vals, seen[1], seen[2]
+
 _installed: list[bool] = []
 
 def install() -> None:
@@ -203,6 +232,9 @@ def install() -> None:
   PARALLEL.value = 0
   codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
+  import tinygrad.engine.jit as jit
+  _originals.update(jit_inputs=jit._prepare_jit_inputs)
+  jit._prepare_jit_inputs = _remembered_jit_inputs
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
   from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram

@@ -102,3 +102,26 @@ def test_a_capturing_jit_captures_its_first_call_and_replays_it_on_new_inputs(rn
     outs = [jit(Tensor(x).realize()).numpy() for x in xs]
   assert jit.captured is not None and len(calls) == 1 and settings.compile_s[0] > 0
   for x, out in zip(xs, outs): np.testing.assert_allclose(out, (x.astype(np.float64) * 3).sum(axis=1), rtol=1e-5, atol=1e-4)
+
+def test_a_jit_call_on_the_tensors_of_an_earlier_one_takes_what_was_worked_out_from_them(rng, monkeypatch):
+  """The same realized tensors again: tinygrad's input preparation is not run, the bound variables' values still reach
+  the kernels; a new tensor, a view holding a variable (whose value the view carries) and a container are prepared."""
+  import tinygrad.engine.jit as jit
+  from tinygrad import UOp
+  prepared, original = [], patches._originals["jit_inputs"]
+  monkeypatch.setitem(patches._originals, "jit_inputs", lambda args, kwargs: prepared.append(len(args)) or original(args, kwargs))
+  assert jit._prepare_jit_inputs is patches._remembered_jit_inputs
+  x, n = Tensor(rng.standard_normal((4, 8)).astype(np.float32)).realize(), UOp.variable("n", 1, 8)
+  step = TinyJit(lambda t, k: (t * 2)[:, :k].sum(axis=1).realize())
+  for i in range(4): np.testing.assert_allclose(step(x, n.bind(i + 1)).numpy(), (x.numpy() * 2)[:, :i + 1].sum(axis=1), rtol=1e-5)
+  assert len(prepared) == 1, "only the first call prepared its inputs"
+  y = Tensor(rng.standard_normal((4, 8)).astype(np.float32)).realize()
+  np.testing.assert_allclose(step(y, n.bind(3)).numpy(), (y.numpy() * 2)[:, :3].sum(axis=1), rtol=1e-5)
+  assert len(prepared) == 2
+  rows = TinyJit(lambda t: (t + 1).sum(axis=0).realize())
+  views = {i: x[:n.bind(i)] for i in (1, 2)}   # each view held, so that a second call meets the same UOp
+  for i in (1, 1, 2, 2): np.testing.assert_allclose(rows(views[i]).numpy(), (x.numpy()[:i] + 1).sum(axis=0), rtol=1e-5)
+  assert len(prepared) == 6, "a view with a variable is prepared on every call, the same view again too"
+  both = TinyJit(lambda ts: (ts[0] - ts[1]).realize())
+  for _ in range(3): np.testing.assert_allclose(both([x, y]).numpy(), x.numpy() - y.numpy(), rtol=1e-6)
+  assert len(prepared) == 9, "a container is prepared on every call"
