@@ -91,6 +91,10 @@ def test_help_explains_every_command_and_hint():
     text = " ".join(commands.choices[command].format_help().split())
     for name, hint in HINTS.items():
       assert f"--{name.replace('_', '-')}" in text and " ".join(hint.help.split()[:6]) in text, (command, name)
+  from experiments.tune import CPU_SEARCH, GPU_SEARCH, SEARCH
+  tune = " ".join(commands.choices["tune"].format_help().split())
+  assert all(name in tune for name in (*SEARCH, *CPU_SEARCH)) and "JIT batch size" in tune, "tune --help names every hint it searches"
+  assert list(GPU_SEARCH) == ["jit_batch_size"]
 
 def test_bad_sampling_parameters():
   for flag, value, needle in [("--temperature", "-1", "temperature must be >= 0"), ("--top-p", "0", "top_p must be in (0, 1]"),

@@ -430,7 +430,8 @@ def parser() -> argparse.ArgumentParser:
 
   s = sub.add_parser("tune", help="search kernel hints for a model on this device; the fastest become this device's profile",
                      description="Benches the hints resolved now, then one hint at a time every other value of it with the best of the "
-                                 "rest (norm, act_break, strategy, fuse, and row_upcast on a CPU or the JIT batch size on a GPU), in JIT "
+                                 "rest (norm, act_break, strategy, fuse, kv_layout, act_in_matmul, softmax, weights_break, and row_upcast on a "
+                                 "CPU or the JIT batch size on a GPU), in JIT "
                                  "steady state, until --budget runs out. Prints the trials ranked, journals each (experiment tune) and "
                                  "writes the fastest hints, with the tok/s they reached, into profiles/<device>.yaml (its matvec sizes kept).")
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
