@@ -119,11 +119,11 @@ def timed_replays(per_call: dict[UOp, list[list[tuple[float, bool]]]]):
     ctx = ExecContext(var_vals or {}, tuple(input_uops), update_stats=False, jit=jit, wait=True)
     times: list[tuple[float, bool]] = []
     for call in linear.src:
-      kernels = len(replay_kernels(linear.replace(src=(call,))))
       graph = get_graph_runtime(call.src[0], ctx.input_uops) if call.src[0].op is Ops.CUSTOM_FUNCTION and call.src[0].arg == "graph" else None
       if hasattr(graph, "kernel_times"):
         times += [(t, False) for t in graph.kernel_times(ctx.input_uops, ctx.var_vals)]
         continue
+      kernels = len(replay_kernels(linear.replace(src=(call,))))
       # a graph batch with no outside inputs has no buffer sources: it runs on the default device
       device = call.src[1].device if len(call.src) > 1 else Device.DEFAULT
       dev = Device[device if isinstance(device, str) else device[0]]

@@ -47,5 +47,8 @@ def tune(path: Path, name: str, start: BenchConfig, budget_s: float, on_record: 
 def ranked(records: list[dict]) -> list[dict]: return sorted(records, key=lambda r: -r["metrics"]["tok_s"])
 
 def winner_hints(record: dict) -> dict:
-  """The hints of a trial (save_hints keeps those a profile may set)."""
-  return {n: h["value"] for n, h in record["hints"].items()}
+  """The hints of a trial a profile pins (save_hints keeps those a profile may set): those the search tried and those
+  set by other than their default. One left at its default stays unpinned, so that the default still applies where it
+  depends on the run (an unset prompt chunk sized to its prompts)."""
+  searched = search_space(record["device"])
+  return {n: h["value"] for n, h in record["hints"].items() if n in searched or h["source"] != "default"}

@@ -113,7 +113,7 @@ HINTS: dict[str, Hint] = {
   "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "
                      "each query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; "
                      "exact unless a logit exceeds the query's own by about 130; not with a soft cap)"),
-  "weights_break": Hint(lambda: _on_cpu(), _bool, "a decode step's attention weights realized before the value sum: a kernel of "
+  "weights_break": Hint(_on_cpu, _bool, "a decode step's attention weights realized before the value sum: a kernel of "
                         "their own, each exp computed once, where the value sum computing them computes each again for every value "
                         "column (default on the CPU, whose exps are dear; off on a GPU, where the kernel costs more than the exps)"),
   "prefill": Hint(lambda: "float" if _on_cpu() else "half", _one_of(PREFILL_MATMULS), "how a prompt chunk's matmuls read the "

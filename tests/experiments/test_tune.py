@@ -35,5 +35,6 @@ def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys
   assert "saved the fastest hints" in out and "(baseline)" in out
   profile = load(here)
   assert profile["hints"]["norm"] == "fused" and profile["tuned"]["model"] == "smollm2-135m-tiny" and profile["tuned"]["tok_s"] > 0
+  assert "prefill_chunk" not in profile["hints"], "a hint the search left at its default stays unpinned"
   assert profile["matvec_sizes"] == {"64x8x4": {"sizes": (16, 4, 4), "gb_s": 100.0}} and profile["device"] == device_name()
   assert yaml.safe_load(here.read_text())["tuned"]["model"] == "smollm2-135m-tiny" and [p.name for p in tmp_path.iterdir()] == [here.name]
