@@ -59,6 +59,7 @@ _ROUND = {T.Q4_0: _q8_0, T.Q5_0: _q8_0, T.Q8_0: _q8_0, T.MXFP4: _q8_0, T.Q4_1: _
           T.F16: _via(dtypes.float16), T.BF16: _via(dtypes.bfloat16)}
 
 def round_activations(x: Tensor, weight_type: T, rounding: str) -> Tensor:
-  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it (rounding is one of ROUNDINGS)."""
+  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it (rounding is one of ROUNDINGS). Rounded x
+  is realized by a kernel of its own: a matmul reading the expression would round x again for each group of its rows."""
   fn = _ROUND.get(weight_type) if rounding == "ggml" else None
-  return x if fn is None else fn(x.cast(dtypes.float32))
+  return x if fn is None else fn(x.cast(dtypes.float32)).contiguous()

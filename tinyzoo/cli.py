@@ -312,7 +312,8 @@ def parser() -> argparse.ArgumentParser:
                                  "also compares each scored position's distribution with a base's: mean KL(base || model) and its 99th "
                                  "percentile, how often both rank the same token first, and the ratio of the perplexities. By default its "
                                  "matmuls compute as llama.cpp's CPU ones do (--rounding ggml --prefill packed): on the real models its figure "
-                                 "then equals llama-perplexity's with an fp32 KV cache and flash attention off (-fa off -ctk f32 -ctv f32).")
+                                 "then matches llama-perplexity's with an fp32 KV cache and flash attention off (-fa off -ctk f32 -ctv f32) "
+                                 "to within the spread that the float summation order gives under that rounding (about 1%).")
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=MODEL_HELP)
   s.add_argument("-f", "--file", help="UTF-8 text to score (default: /usr/share/common-licenses/GPL-3, which Debian and Ubuntu systems ship)")
   s.add_argument("--ctx", type=int, default=512, help="tokens a window, as llama-perplexity's -c (default 512)")
