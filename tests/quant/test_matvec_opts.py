@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from ops.kernels import jit_programs
-from quant.matvec_opts import GPU_MATVEC_THREADS, VALUE_COLUMNS, builtin_gpu_sizes, kernel_settings
+from quant.matvec_opts import CPU_GEMM_TILE, GPU_MATVEC_THREADS, VALUE_COLUMNS, builtin_gpu_sizes, kernel_settings
 from quant.linear import QuantExperts, QuantLinear
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -607,10 +607,13 @@ def test_gpu_prompt_chunk_moe_gemms_on_tensor_cores():
 def gemm_tiles(opts: list) -> list[tuple]:
   return [(o.op.name, o.arg) for o in opts if o.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.THREAD)]
 
+# the opts CPU_GEMM_TILE gives a GEMM whose sides and reduce its sizes divide
+GEMM_TILE = [("UPCAST", CPU_GEMM_TILE[0]), ("UPCAST", CPU_GEMM_TILE[1]), ("UNROLL", CPU_GEMM_TILE[2])]
+
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q6_K], ids=lambda t: t.name)
 def test_cpu_prompt_chunk_gemm_tiled_and_split_over_threads(t: T, row_upcast, rng: np.random.Generator):
-  """A prompt chunk's float GEMM (quant.linear.gemm) gets a register tile of 8 chunk rows by 4 weight rows with 4 steps
-  of the sum unrolled, its weight rows split over the cores; tinygrad's heuristic upcast one side only."""
+  """A prompt chunk's float GEMM (quant.linear.gemm) gets CPU_GEMM_TILE's register tile (chunk rows by weight rows, steps
+  of the sum unrolled), its weight rows split over the cores; tinygrad's heuristic upcast one side only."""
   from tinygrad.helpers import Context
   rows, cols = 96, 256
   row_upcast(8)
@@ -618,7 +621,7 @@ def test_cpu_prompt_chunk_gemm_tiled_and_split_over_threads(t: T, row_upcast, rn
   lin = QuantLinear(QTensor.from_bytes(raw, t, (rows, cols)), prefill="float")
   x = rng.standard_normal((1, 16, cols)).astype(np.float32)
   with Context(NUM_CPU_THREADS=2): programs, got = applied_opts(lin, Tensor(x))
-  assert [("UPCAST", 8), ("UPCAST", 4), ("UNROLL", 4), ("THREAD", 2)] in [gemm_tiles(o) for o in programs], programs
+  assert [*GEMM_TILE, ("THREAD", 2)] in [gemm_tiles(o) for o in programs], programs
   w = quants.dequantize(raw, t).reshape(rows, cols).astype(np.float64)
   np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4 * np.abs(x).sum(-1, keepdims=True).max())
 
@@ -630,17 +633,17 @@ def test_cpu_gemm_tiled_around_what_it_reads(row_upcast, rng: np.random.Generato
   a, b, r = (Tensor(rng.standard_normal((16, 64)).astype(np.float32)).realize() for _ in range(3))
   w = Tensor(rng.standard_normal((64, 64)).astype(np.float32)).realize()
   [opts], got = applied_opts(lambda a, b, r, w: r + (a.silu() * b) @ w.T, a, b, r, w)
-  assert gemm_tiles(opts)[:3] == [("UPCAST", 8), ("UPCAST", 4), ("UNROLL", 4)], opts
+  assert gemm_tiles(opts)[:3] == GEMM_TILE, opts
   an, bn, rn, wn = (t.numpy().astype(np.float64) for t in (a, b, r, w))
   np.testing.assert_allclose(got, rn + (an / (1 + np.exp(-an)) * bn) @ wn.T, rtol=1e-4, atol=1e-4)
   q, k = (Tensor(rng.standard_normal((2, 24, 32)).astype(np.float32)).realize() for _ in range(2))
   [opts], got = applied_opts(lambda q, k: q @ k.transpose(-1, -2), q, k)
-  assert gemm_tiles(opts)[:3] == [("UPCAST", 8), ("UPCAST", 4), ("UNROLL", 4)], opts
+  assert gemm_tiles(opts)[:3] == GEMM_TILE, opts
   np.testing.assert_allclose(got, q.numpy() @ k.numpy().transpose(0, 2, 1), rtol=1e-4, atol=1e-4)
   n = UOp.variable("n", 1, 4)
   e, v = (Tensor(rng.standard_normal(s).astype(np.float32)).realize() for s in ((16, 32), (32, 32)))
   [opts], got = applied_opts(lambda e, m: e.shrink(((0, 16), (0, m * 8))) @ v.shrink(((0, m * 8), (0, 32))), e, n.bind(3))
-  assert gemm_tiles(opts) == [("UPCAST", 8), ("UPCAST", 4)] + [o for o in gemm_tiles(opts)[2:] if o[0] == "THREAD"], opts
+  assert gemm_tiles(opts) == GEMM_TILE[:2] + [o for o in gemm_tiles(opts)[2:] if o[0] == "THREAD"], opts
   np.testing.assert_allclose(got, e.numpy()[:, :24] @ v.numpy()[:24], rtol=1e-4, atol=1e-4)
 
 def test_gpu_prompt_chunk_moe_with_shared_experts_keeps_every_gemm_on_tensor_cores():
