@@ -59,7 +59,13 @@ _ROUND = {T.Q4_0: _q8_0, T.Q5_0: _q8_0, T.Q8_0: _q8_0, T.MXFP4: _q8_0, T.Q4_1: _
           T.F16: _via(dtypes.float16), T.BF16: _via(dtypes.bfloat16)}
 
 def round_activations(x: Tensor, weight_type: T, rounding: str) -> Tensor:
-  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it (rounding is one of ROUNDINGS). Rounded x
-  is realized by a kernel of its own: a matmul reading the expression would round x again for each group of its rows."""
+  """x [..., in] float32 as the matmul against a weight of `weight_type` sees it (rounding is one of ROUNDINGS)."""
   fn = _ROUND.get(weight_type) if rounding == "ggml" else None
-  return x if fn is None else fn(x.cast(dtypes.float32)).contiguous()
+  return x if fn is None else fn(x.cast(dtypes.float32))
+
+def realized_rounding(x: Tensor, weight_type: T, rounding: str) -> Tensor:
+  """round_activations, realized by a kernel of its own where it rounds, for a matmul that reads x as it is given (a
+  matvec, a prompt chunk's packed matmul): reading the expression, it would round x again for each group of its rows. A
+  GEMM realizes its input anyway, the rounding in that kernel."""
+  rounded = round_activations(x, weight_type, rounding)
+  return x if rounded is x else rounded.contiguous()

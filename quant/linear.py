@@ -20,7 +20,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
-from quant.activations import ROUNDINGS, round_activations
+from quant.activations import ROUNDINGS, realized_rounding, round_activations
 from quant.blockformat import BlockFormat
 from quant.int8_dot import INT8_TYPES, Int8Rows, int8_dot
 from quant.qtensor import QTensor
@@ -175,7 +175,7 @@ class _PackedWeight:
       raise ValueError(f"activations in 8 bits need an int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
     if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self.gemm_of(x)
     if self.int8: return int8_dot(self.words, self._int8_rows(x), sel)
-    x = round_activations(x, self.weight.ggml_type, self.rounding)
+    x = realized_rounding(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)
     if self.strategy in ("packed_dot", "packed_words"): return packed_dot(self.weight.format, self.weight.blocks, x, sel)
     w = self.weight.dequantize() if self.cache is None else self.cache
@@ -229,5 +229,5 @@ class QuantExperts(_PackedWeight):
     if self.int8: y = int8_dot(self.words, self._int8_rows(x), sel, mix)
     # without words, or given quantized x it cannot read (the matmul says so), each expert's output is weighted apart
     elif self.words is None or isinstance(x, Int8Rows): return (self(x, sel) * mix.unsqueeze(-1)).sum(axis=-2)
-    else: y = self.words.dot(round_activations(x, self.weight.ggml_type, self.rounding), sel, mix)
+    else: y = self.words.dot(realized_rounding(x, self.weight.ggml_type, self.rounding), sel, mix)
     return y if self.bias is None else y + (self.bias[sel] * mix.unsqueeze(-1)).sum(axis=-2)
