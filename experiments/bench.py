@@ -45,6 +45,7 @@ class BenchConfig:
   peer: bool = True
   llama_bench: str | None = None   # a llama-bench binary measured as the peer instead of llama-cpp-python (a GPU build)
   tinygrad_src: str | None = None  # a tinygrad source tree whose own LLM app is measured too
+  kept_programs: bool = False      # take compiled programs from the cache directory (compile_s then times taking them)
 
   def switches(self) -> dict:
     """What a record says was switched: every hint's value, and the requantized copy measured."""
@@ -66,8 +67,9 @@ class BenchConfig:
     return self.depths[0]
 
   def runtime(self, path: Path, min_context: int) -> Runtime:
-    """The model's runtime, which compiles every kernel itself (no kept programs): compile_s is a compile's time."""
-    return Runtime(path, self.hints, self.ctx or min_context, keep_programs=False)
+    """The model's runtime, which compiles every kernel itself (compile_s is a compile's time) unless told to take
+    compiled programs from the cache directory, where a run compiled them before."""
+    return Runtime(path, self.hints, self.ctx or min_context, keep_programs=self.kept_programs)
 
 def changed_switches(switches: dict) -> str:
   """The switches of a record that differ from the built-in defaults, or 'default switches'."""
@@ -194,6 +196,7 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
                         **shared, "depth": depth, "compile_s": round(compile_s, 2), "capture_s": round(steps[0] - compile_s, 2),
+                        "kept_programs": cfg.kept_programs,
                         "programmatic_edges": rt.kernels.edges[0]}}
   if (form := prefill_form(rt.model, rt.chunk)) is not None: record["metrics"]["mla_prefill"] = form
   if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks

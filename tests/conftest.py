@@ -19,9 +19,15 @@ patches.install()
 # The suite's compile cache: kernels compiled outside a runtime are kept in the cache directory's store, as a runtime's
 # are, so that the other worker and later runs of the suite take them instead of compiling them. The store names its
 # device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use.
-programs = JitStore()
-programs.device
-patches.keep_programs(programs)
+PROGRAMS = JitStore()
+PROGRAMS.device
+patches.keep_programs(PROGRAMS)
+
+@pytest.fixture
+def programs() -> JitStore:
+  """The suite's store of compiled programs, for kernel settings a test makes itself (`kernel_settings(..., programs=...)`),
+  which keep none unless given one."""
+  return PROGRAMS
 
 # Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker, and so do the other
 # tests of one module: the kernels they share are compiled once (tinygrad caches programs per process) instead of once in

@@ -102,7 +102,8 @@ def bench_config(args, path):
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
   return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
-                     llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None))
+                     llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None),
+                     kept_programs=args.kept_programs)
 
 def cmd_perplexity(args) -> None:
   from tinyzoo.run import cmd_perplexity as perplexity
@@ -151,7 +152,7 @@ def cmd_exp(args) -> None:
     if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
     named.chosen_variants(exp, args.variant)
     hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)
-    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench)
+    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench, kept_programs=args.kept_programs)
     records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args), progress=sys.stderr.isatty())
     print(named.results_table(records))
 
@@ -184,7 +185,7 @@ def cmd_tune(args) -> None:
   if args.budget <= 0 or args.tokens < 1: raise ValueError("--budget and --tokens must be positive")
   path = resolve_model(args.model)
   # trials rank decode: their prompt processing is timed on one short prompt
-  start = BenchConfig(resolve_hints(path, {}), tokens=args.tokens, pp=TUNE_PP, peer=False)
+  start = BenchConfig(resolve_hints(path, {}), tokens=args.tokens, pp=TUNE_PP, peer=False, kept_programs=args.kept_programs)
   records = tune(path, model_label(args.model), start, args.budget, trial_noter(args))
   print(results_table(records))
   if args.no_save: return
@@ -231,6 +232,12 @@ def add_bench_options(s: argparse.ArgumentParser) -> None:
                  "context, after the prefill JIT is captured, as llama-bench's ppN (default 512)")
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
+  add_kept_programs_option(s)
+
+def add_kept_programs_option(s: argparse.ArgumentParser) -> None:
+  s.add_argument("--kept-programs", action="store_true", help="take compiled programs from the cache directory where a run compiled "
+                 "them before, and keep new ones there (compile_s then times taking them; the record says kept_programs); by "
+                 "default every kernel compiles, so compile_s is a compile's time")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -397,6 +404,7 @@ def parser() -> argparse.ArgumentParser:
   e.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
                  "variants' switches apply over either), and the built-in GPU matvec sizes")
   e.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
+  add_kept_programs_option(e)
   add_journal_options(e, "the records")
   s.set_defaults(fn=cmd_exp)
 
@@ -438,6 +446,7 @@ def parser() -> argparse.ArgumentParser:
   s.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"a GGUF file or a registered model (default {DEFAULT_MODEL})")
   s.add_argument("--budget", type=float, default=600, metavar="SECONDS", help="stop starting trials after this long (default 600)")
   s.add_argument("--tokens", type=int, default=32, help="timed decode steps per trial (default 32)")
+  add_kept_programs_option(s)
   add_journal_options(s, "the trials")
   s.add_argument("--no-save", action="store_true", help="print the ranking only; leave the device profile as it is")
   s.set_defaults(fn=cmd_tune)

@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import time
+import numpy as np
 from models.catalog import resolve_model
 from models.config import ModelConfig
 from models.jit_cache import JitStore
@@ -70,7 +71,7 @@ def cmd_logits(args) -> None:
     rt.check_fits(len(ids), args.greedy)
     logits = rt.prefill(ids)
     values = logits.numpy()[0]
-    top = sorted(range(len(values)), key=lambda i: -values[i])[:args.top]
+    top = np.argsort(-values, kind="stable")[:args.top].tolist()
     tokens = list(rt.continue_from(logits, len(ids), args.greedy, greedy)) if args.greedy else []
     cases.append({"prompt": value if kind == "prompt" else None, "tokens": ids, "top": [[i, float(values[i])] for i in top], "greedy": tokens})
   keep(rt)

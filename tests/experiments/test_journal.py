@@ -43,9 +43,9 @@ def test_bench_and_plot_use_the_users_journal(tmp_path: Path, monkeypatch, capsy
   monkeypatch.setenv("TINYZOO_JOURNAL", str(mine := tmp_path / "mine.jsonl"))
   project = journal.PROJECT_JOURNAL.read_bytes()
   assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--prompt-tokens", "2", "--pp", "4", "--no-peer",
-               "--bandwidth", "1"]) == 0
+               "--bandwidth", "1", "--kept-programs"]) == 0
   assert main(["bench", "smollm2-135m-tiny", "--tokens", "2", "--warmup", "0", "--depth", "0,3", "--pp", "4", "--no-peer", "--bandwidth", "1",
-               "--journal", str(other := tmp_path / "other.jsonl")]) == 0
+               "--kept-programs", "--journal", str(other := tmp_path / "other.jsonl")]) == 0
   assert [r["model"] for r in journal.read(mine)] == ["smollm2-135m-tiny"]
   # a record per depth, from one run: depth 0 decodes from the first position, after the one token it starts from
   theirs = journal.read(other)

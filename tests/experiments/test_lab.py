@@ -1,6 +1,7 @@
 """The lab end to end on a synthetic two-block model: a profile accounts for every kernel the bench counts, by block and
 module; an experiment run records baseline and variants, one journal record each; isolation and the FFN split move
 the kernel count the way their definitions say."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,12 +14,14 @@ from experiments.bench import BenchConfig, bench
 from ops.kernels import CATEGORIES
 from experiments.profile import block_summary, profile_model, report
 from models.synth import synthesize
+from ops import patches
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
   return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
 
 SMALL = BenchConfig(depths=(4,), tokens=3, pp=6, warmup=1, peer=False)
+KEPT = dataclasses.replace(SMALL, kept_programs=True)   # programs from the cache directory: for tests that time no compile
 
 def test_profile_accounts_for_every_kernel(tiny: Path):
   (record,) = bench(tiny, "tiny", SMALL)
@@ -37,6 +40,7 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   # a run whose JITs all come from the cache starts in a fraction of this one's compile and capture
   m = record["metrics"]
   assert all(m[k] > 0 for k in ("compile_s", "capture_s", "prefill_compile_s", "prefill_capture_s")), m   # compiled apart from the rest of a capture
+  assert m["kept_programs"] is False
   assert 0 < m["cached_start_s"] < (m["compile_s"] + m["capture_s"] + m["prefill_compile_s"] + m["prefill_capture_s"]) / 2, m
 
 def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
@@ -52,7 +56,8 @@ variants:
   - {name: ffn split, switches: {strategy: "packed_dot,ffn=split"}}
 """)
   path = tmp_path / "journal.jsonl"
-  records = named.run(named.find("iso", defs), lambda name: tiny, base=BenchConfig(peer=False), on_record=lambda r: journal.append(r, path))
+  records = named.run(named.find("iso", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True),
+                      on_record=lambda r: journal.append(r, path))
   assert journal.read(path) == json.loads(json.dumps(records, sort_keys=True))
   assert [(r["variant"], r["baseline"], r["experiment"]) for r in records] == [("full", True, "iso"), ("attention only", False, "iso"),
                                                                               ("ffn split", False, "iso")]
@@ -82,7 +87,7 @@ variants:
   - {{name: exact again, switches: {{rounding: exact, row_upcast: 0}}}}
   - {{name: ggml, switches: {{rounding: ggml}}}}
 """)
-  records = named.run(named.find("q", defs), lambda name: tiny, base=BenchConfig(peer=False))
+  records = named.run(named.find("q", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True))
   base, same, ggml = (r["quality"] for r in records)
   assert base["windows"] == same["windows"] == 3 and base["tokens"] == 3 * 7 and base["text"] == str(text) and "kl_mean" not in base
   assert same["kl_mean"] < 1e-6 and same["top1"] == 1 and same["perplexity"] == pytest.approx(base["perplexity"], rel=1e-4)
@@ -90,14 +95,27 @@ variants:
   table = named.results_table(records).splitlines()
   assert "perplexity" in table[0] and f"{ggml['kl_mean']:.6f}" in table[-1] and f"{base['perplexity']:.4f}" in table[2]
 
+def test_kept_programs_are_compiled_once(tiny: Path, tmp_path: Path, monkeypatch):
+  """With kept programs a bench takes every kernel an earlier bench compiled from the cache directory, and compiles
+  none; its records say so (test_profile_accounts_for_every_kernel: without, every kernel compiles)."""
+  monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
+  compiled, compile = [], patches._originals["do_to_program"]
+  monkeypatch.setitem(patches._originals, "do_to_program", lambda *a: compiled.append(a[0]) or compile(*a))
+  runs = []
+  for _ in range(2):
+    compiled.clear()
+    (record,) = bench(tiny, "tiny", KEPT)
+    runs.append((len(compiled), record["metrics"]["kept_programs"]))
+  assert runs[0][0] > 0 and runs[0][1] and runs[1] == (0, True), runs
+
 def test_codegen_switches_apply_to_each_run(tiny: Path):
   """Two runs in one process differing only in how kernels are optimized: the second compiles its own kernels."""
   def row_upcast_kernels() -> int:
     return sum(any(o.op is OptOps.UPCAST and o.arg == 8 for o in opts) and any(o.op is OptOps.UNROLL and o.arg == 4 for o in opts)
                for prg in to_program_cache.values() if (opts := prg.src[0].arg.applied_opts))
-  bench(tiny, "tiny", SMALL.with_switches(row_upcast=8))
+  bench(tiny, "tiny", KEPT.with_switches(row_upcast=8))
   assert row_upcast_kernels() > 0
-  bench(tiny, "tiny", SMALL.with_switches(row_upcast=0))
+  bench(tiny, "tiny", KEPT.with_switches(row_upcast=0))
   assert row_upcast_kernels() == 0
 
 def test_cli_profile_and_exp_errors(tiny: Path):
@@ -155,5 +173,5 @@ def test_bytes_per_token_count_only_the_experts_a_token_uses(tmp_path: Path):
               and "ffn_gate_inp" not in k)
   router = sum(v for k, v in sizes.items() if "ffn_gate_inp" in k)
   head = sizes["output.weight"] + sizes["token_embd.weight"] // g.require("llama.vocab_size")
-  (record,) = bench(path, "moe", SMALL)
+  (record,) = bench(path, "moe", KEPT)
   assert record["metrics"]["bytes_per_token"] == dense + router + head + round(experts * used / n)

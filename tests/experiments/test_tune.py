@@ -9,7 +9,7 @@ from profiles.device import device_name, load, profile_path, save_matvec_sizes
 from profiles.hints import resolve
 from tinyzoo.cli import main
 
-SMALL = {"depths": (4,), "tokens": 2, "pp": 6, "warmup": 1, "peer": False}
+SMALL = {"depths": (4,), "tokens": 2, "pp": 6, "warmup": 1, "peer": False, "kept_programs": True}
 
 def test_one_hint_at_a_time_from_the_start(monkeypatch):
   monkeypatch.setattr(tuning, "SEARCH", {"norm": ("fused", "break", "fold")})
@@ -30,7 +30,7 @@ def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys
   here = profile_path(device_name())
   assert here.parent == tmp_path
   save_matvec_sizes(here, device_name(), {"64x8x4": ((16, 4, 4), 100.0)})
-  assert main(["tune", "smollm2-135m-tiny", "--budget", "0.001", "--tokens", "2", "--no-journal"]) == 0
+  assert main(["tune", "smollm2-135m-tiny", "--budget", "0.001", "--tokens", "2", "--kept-programs", "--no-journal"]) == 0
   out = capsys.readouterr().out
   assert "saved the fastest hints" in out and "(baseline)" in out
   profile = load(here)

@@ -110,7 +110,7 @@ EXPERT_ROWS = 64   # as few as a model's experts have: the CPU's matvec opts tak
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_K, T.MXFP4, T.BF16], ids=lambda t: t.name)
-def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Generator):
+def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Generator, programs):
   """Under the kernel settings of a runtime on this CPU, as a model's experts run."""
   raw = random_blocks(t, (E, EXPERT_ROWS, IN), rng, scale=0.1)
   w = reference_weights(raw, t, (E, EXPERT_ROWS, IN), strategy)
@@ -118,7 +118,7 @@ def test_experts_match_per_expert_loop(t: T, strategy: str, rng: np.random.Gener
   sel = np.stack([rng.choice(E, size=K, replace=False) for _ in range(3)]).astype(np.int32)   # 3 tokens, k experts each
   for x in [rng.standard_normal((3, 1, IN)), rng.standard_normal((3, K, IN))]:   # one input for all k, or one per expert
     x = x.astype(np.float32)
-    with kernel_settings(DEFAULT_ROW_UPCAST): got = experts(Tensor(x), Tensor(sel)).numpy()
+    with kernel_settings(DEFAULT_ROW_UPCAST, programs=programs): got = experts(Tensor(x), Tensor(sel)).numpy()
     if experts.int8: x = round_activations(Tensor(x), t, "ggml").numpy()   # x is read in 8 bits, rounded as ggml does
     want = np.stack([np.stack([w[e] @ x[i, min(j, x.shape[1] - 1)] for j, e in enumerate(row)]) for i, row in enumerate(sel)])
     bound = np.stack([np.stack([np.abs(w[e]) @ np.abs(x[i, min(j, x.shape[1] - 1)]) for j, e in enumerate(row)]) for i, row in enumerate(sel)])

@@ -16,11 +16,11 @@ from quant.random_blocks import random_blocks
 pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="the opts are for CPU kernels")
 
 @pytest.fixture
-def row_upcast():
+def row_upcast(programs):
   """row_upcast(n, **settings): the rest of the test compiles under a runtime's kernel settings with n rows a CPU matvec
-  thread (0: tinygrad's heuristic for every kernel); returns the settings."""
+  thread (0: tinygrad's heuristic for every kernel), its programs kept in the suite's store; returns the settings."""
   with contextlib.ExitStack() as stack:
-    yield lambda n, **kw: stack.enter_context(kernel_settings(n, **kw))
+    yield lambda n, **kw: stack.enter_context(kernel_settings(n, programs=programs, **kw))
 
 def applied_opts(fn, *inputs: Tensor) -> tuple[list[tuple], np.ndarray]:
   jit = TinyJit(lambda *xs: fn(*xs).realize())
