@@ -19,15 +19,23 @@ patches.install()
 # The suite's compile cache: kernels compiled outside a runtime are kept in the cache directory's store, as a runtime's
 # are, so that the other worker and later runs of the suite take them instead of compiling them. The store names its
 # device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use.
-PROGRAMS = JitStore()
-PROGRAMS.device
-patches.keep_programs(PROGRAMS)
+STORE = JitStore()
+STORE.device
+patches.keep_programs(STORE)
 
 @pytest.fixture
 def programs() -> JitStore:
   """The suite's store of compiled programs, for kernel settings a test makes itself (`kernel_settings(..., programs=...)`),
   which keep none unless given one."""
-  return PROGRAMS
+  return STORE
+
+@pytest.fixture
+def jits() -> JitStore:
+  """The suite's store, for a runtime whose JITs depend only on its file, hints and shapes, as a CLI run's do (no
+  test's patch or tinygrad context changes them): `Runtime(..., jits=jits)` takes the JITs an earlier test or run of
+  the suite kept for the same key (the file's sha256, the hints, the shapes, tinyzoo's source), and `rt.keep_jits()`
+  keeps those it captured."""
+  return STORE
 
 # Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker, and so do the other
 # tests of one module: the kernels they share are compiled once (tinygrad caches programs per process) instead of once in

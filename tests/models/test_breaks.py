@@ -9,17 +9,18 @@ from models.runtime import Runtime
 from profiles.hints import resolve
 from models.synth import synthesize
 
-def decode(path, rng_ids: list[int], **breaks) -> tuple[np.ndarray, int]:
-  rt = Runtime(path, resolve({"strategy": "packed_words", "weights_break": False, **breaks}), 32)
+def decode(path, rng_ids: list[int], jits, **breaks) -> tuple[np.ndarray, int]:
+  rt = Runtime(path, resolve({"strategy": "packed_words", "weights_break": False, **breaks}), 32, jits=jits)
   logits = rt.prefill(rng_ids)
   for i in range(3): logits = rt.decode(rng_ids[-1], len(rng_ids) + i)   # capture, then replays
+  rt.keep_jits()
   return logits.numpy()[0], rt.kernels_per_token()
 
 @pytest.mark.parametrize("preset", ["llama3.2-1b-tiny", "gpt-oss-20b-tiny", "gemma3-270m-tiny"])
-def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: int, rng: np.random.Generator):
+def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: int, rng: np.random.Generator, jits):
   path = synthesize(preset, tmp_path / f"{preset}.gguf", quant="Q8_0")
   ids = rng.integers(3, 1000, size=5).tolist()
-  base, kernels = decode(path, ids, act_break=False)
+  base, kernels = decode(path, ids, jits, act_break=False)
   blocks = Runtime(path, max_context=32).cfg.n_layers
   # a folded norm saves its kernel where the matmuls read it: both of Llama's, and GPT-OSS's (its router and gate and up
   # experts each sum the FFN norm's squares beside their dots)
@@ -29,6 +30,6 @@ def test_breaks_keep_logits_and_add_their_kernels(preset: str, tmp_path, seed: i
   for breaks, added in (({"act_break": True}, blocks), ({"act_break": False, "weights_break": True}, blocks),
                         ({"act_break": False, "norm": "break"}, 2 * blocks + 1), ({"act_break": False, "norm": "single"}, single),
                         ({"act_break": False, "norm": "fold"}, single - 2 * blocks)):
-    got, n = decode(path, ids, **breaks)
+    got, n = decode(path, ids, jits, **breaks)
     np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4 * np.abs(base).max(), err_msg=f"{breaks} seed={seed}")
     assert n == kernels + added, f"{breaks}: {n} kernels against {kernels} without"

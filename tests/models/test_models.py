@@ -12,8 +12,8 @@ from tests.models.numpy_reference import forward
 
 @pytest.mark.parametrize("hints", [{}, {"split_kv": 2, "kv_cache": "half", "kv_layout": "rows"}], ids=["", "split-half-cache-rows"])
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen3-0.6b-tiny"])
-def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.Generator):
-  rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16, **hints}), max_context=64)
+def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.Generator, jits):
+  rt = Runtime(resolve_model(model), resolve({"prefill_chunk": 16, **hints}), max_context=64, jits=jits)
   vocab = min(20000, rt.cfg.vocab_size)
   ids = rng.integers(10, vocab, size=rt.chunk + 3).tolist()
   got = rt.prefill(ids).numpy()[0]   # a whole chunk and one padded after 3 tokens, then three jitted decode steps
@@ -29,3 +29,4 @@ def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.
   assert captured is not None
   for pos in range(len(ids), len(ids) + 3): rt.decode(ids[-1], pos).realize()
   assert rt._decode.captured is captured and len(to_program_cache) == compiled
+  rt.keep_jits()

@@ -143,11 +143,12 @@ def check(results: list[dict], where: str) -> None:
   assert min(r["overlap"] for r in results) >= MIN_OVERLAP and max(r["diff"] for r in results) < TOLERANCE, f"{where}: {results}"
   assert sum(r["greedy"] for r in results) >= len(results) * 2 // 3, f"{where}: {results}"
 
-def with_weights_of(path: Path, rt: Runtime | None) -> Runtime:
-  """A runtime of `path`; given `rt`, a runtime of another seed of the same preset and quant (the same shapes, so the same
-  graphs), `rt` itself with the new file's weights, as its runtime loaded them, written into its weight buffers: the JITs
-  it captured run every seed instead of each seed compiling and capturing its own."""
-  new = Runtime(path, resolve({"rounding": "ggml"}), 32)
+def with_weights_of(path: Path, rt: Runtime | None, jits) -> Runtime:
+  """A runtime of `path` (with the suite's JITs, `jits`); given `rt`, a runtime of another seed of the same preset and
+  quant (the same shapes, so the same graphs), `rt` itself with the new file's weights, as its runtime loaded them,
+  written into its weight buffers: the JITs it captured run every seed instead of each seed compiling and capturing its
+  own."""
+  new = Runtime(path, resolve({"rounding": "ggml"}), 32, jits=jits if rt is None else None)
   if rt is None: return new
   for (name, t), (new_name, new_t) in zip(get_state_dict(rt.model).items(), get_state_dict(new.model).items(), strict=True):
     assert name == new_name and t.shape == new_t.shape, (name, new_name)
@@ -155,13 +156,14 @@ def with_weights_of(path: Path, rt: Runtime | None) -> Runtime:
   return rt
 
 @pytest.mark.parametrize("name,quant", sorted({(c["preset"], c["quant"]) for c in FIXTURES}))
-def test_agrees_with_llama_cpp(name: str, quant: str, tmp_path: Path):
+def test_agrees_with_llama_cpp(name: str, quant: str, tmp_path: Path, jits):
   results, rt = [], None
   for case in (c for c in FIXTURES if (c["preset"], c["quant"]) == (name, quant)):
     path = synth.synthesize(name, tmp_path / f"{case['seed']}.gguf", quant, case["seed"])
     assert sha256(path) == case["sha256"], "the preset's bytes changed: rerun fixtures/make_moe_fixtures.py"
-    rt = with_weights_of(path, rt)
+    rt = with_weights_of(path, rt, jits)
     results += [compare(*greedy(rt, ref["tokens"]), ref, quant == "F16") for ref in case["prompts"]]
+    rt.keep_jits()
     path.unlink()
   check(results, f"{name} {quant}")
   print(f"\n{name} {quant}: argmax {sum(r['argmax'] for r in results)}/{len(results)}, largest top-20 difference "

@@ -42,9 +42,9 @@ def token_by_token(rt: Runtime, ids: list[int]) -> list[np.ndarray]:
                                          ("deepseek-v2-lite-tiny", {"mla_prefill": "absorbed"}),
                                          ("deepseek-v2-lite-tiny", {"mla_prefill": "expanded"})], ids=lambda v: v if isinstance(v, str) else
                          "-".join(f"{k}={x}" for k, x in v.items()))
-def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rng: np.random.Generator):
+def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rng: np.random.Generator, jits):
   if prefill == "half" and model in HALF_UNSTABLE: pytest.skip("routing near-ties part under half inputs (HALF_UNSTABLE)")
-  rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK, **hints}), max_context=40)
+  rt = Runtime(resolve_model(model), resolve({"prefill": prefill, "prefill_chunk": CHUNK, **hints}), max_context=40, jits=jits)
   if "mla_prefill" in hints: assert prefill_form(rt.model, CHUNK) == hints["mla_prefill"] and prefill_form(rt.model, 1) == "absorbed"
   worst = []   # per prompt, the largest error over the lengths, relative to the logit scale
   for _ in range(NEAR_TIE_PROMPTS if prefill == "half" and model in NEAR_TIES else 1):
@@ -64,6 +64,7 @@ def test_prefill_equals_token_by_token(model: str, hints: dict, prefill: str, rn
   rt.prefill_chunks(ids[:3]).realize()
   rt.prefill_chunks(ids[:2 * CHUNK + 2]).realize()
   assert rt._prefill.captured is captured and len(to_program_cache) == compiled
+  rt.keep_jits()
 
 def test_a_short_prompt_runs_as_decode_steps(rng: np.random.Generator):
   """A prompt of at most `prefill_steps` tokens gives the logits of the decode steps it runs (no chunk is captured); a
