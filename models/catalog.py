@@ -48,9 +48,16 @@ REAL_MODELS = {m.name: m for m in (
 )}
 
 def synthesized(preset: str) -> Path:
-  """The synthetic preset's file (default quant, seed 0), written into the cache on first use."""
-  target = cache_dir() / "synth" / f"{preset}.gguf"
-  return target if target.exists() else synthesize(preset, target)   # written whole or not at all
+  """The synthetic preset's file (default quant, seed 0), written into the cache on first use, named by the digest of
+  tinyzoo's source: after a change to the code the file is written anew (its bytes may differ) and the preset's file of
+  the code before is removed."""
+  from models.jit_cache import source_digest
+  folder = cache_dir() / "synth"
+  target = folder / f"{preset}-{source_digest()[:16]}.gguf"
+  if target.exists(): return target
+  for old in folder.glob(f"{preset}*.gguf"):
+    if old.stem.rpartition("-")[0] == preset or old.stem == preset: old.unlink(missing_ok=True)
+  return synthesize(preset, target)   # written whole or not at all
 
 def synthetic_names() -> list[str]:
   """How each preset is asked for: its name, or synth:NAME where a real model has the name."""

@@ -16,7 +16,6 @@ since f3aba30, quant/activations.py, but attention rounds the softmax weights be
 the normalized ones): with those emulated, the tiny presets agree to 1e-5 and the full ones within 0.35."""
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from models import catalog, synth
 from models.catalog import ModelNotFound, resolve_model
 from models.config import ModelConfig
 from models.deepseek2 import gating
+from models.jit_cache import source_digest
 from models.registry import architecture_of
 from models.spec import MetadataView
 from ops.routing import Gating
@@ -43,14 +43,10 @@ TOLERANCE, NOISE = 0.8, 0.5   # 1.35x the largest difference measured, 1.7x the 
 CTX = 16   # the 8 probe tokens and 4 greedy steps fit; a small KV cache keeps the 1B presets' runs short
 
 @pytest.fixture(scope="session")
-def synthesized(tmp_path_factory: pytest.TempPathFactory):
-  """name -> the preset's file (default quant, seed 0), written once per session and removed at its end (the 1B ones are ~0.8 GB)."""
-  where, files = tmp_path_factory.mktemp("synth"), {}
-  def get(name: str) -> Path:
-    if name not in files: files[name] = synth.synthesize(name, where / f"{name}.gguf")
-    return files[name]
-  yield get
-  shutil.rmtree(where, ignore_errors=True)
+def synthesized():
+  """name -> the preset's file (default quant, seed 0) as the catalog writes it into the cache directory: once for each
+  version of tinyzoo's source (the 1B ones are ~0.8 GB)."""
+  return catalog.synthesized
 
 def sha256(path: Path) -> str:
   h = hashlib.sha256()
@@ -267,9 +263,15 @@ def test_spm_vocabulary_is_well_formed():
 def test_catalog_synthesizes_presets_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
   monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
   path = resolve_model("gemma3-270m-tiny")
-  assert path == tmp_path / "synth" / "gemma3-270m-tiny.gguf" and GGUFFile(path).get("general.name") == "synthetic gemma3-270m-tiny (seed 0)"
+  assert path == tmp_path / "synth" / f"gemma3-270m-tiny-{source_digest()[:16]}.gguf"
+  assert GGUFFile(path).get("general.name") == "synthetic gemma3-270m-tiny (seed 0)"
   stamp = path.stat().st_mtime_ns
   assert resolve_model("synth:gemma3-270m-tiny") == path and path.stat().st_mtime_ns == stamp
+  # the file written by another source is replaced, and other presets' files stay
+  stale, other = tmp_path / "synth" / "gemma3-270m-tiny-0123456789abcdef.gguf", tmp_path / "synth" / "gemma3-270m-tiny-x-0123456789abcdef.gguf"
+  path.rename(stale)
+  other.write_bytes(b"")
+  assert resolve_model("gemma3-270m-tiny") == path and not stale.exists() and other.exists()
   assert catalog.synthetic_names()[:3] == ["llama3.2-1b", "llama3.2-1b-tiny", "synth:smollm2-135m"]
   with pytest.raises(ModelNotFound, match=r"nope: no such file.*synthetic: llama3.2-1b, .*synth:gemma3-270m, gemma3-270m-tiny"):
     resolve_model("nope")
