@@ -3,6 +3,7 @@
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,7 +57,7 @@ def synthesized(preset: str) -> Path:
   target = folder / f"{preset}-{source_digest()[:16]}.gguf"
   if target.exists(): return target
   for old in folder.glob(f"{preset}*.gguf"):
-    if old.stem.rpartition("-")[0] == preset or old.stem == preset: old.unlink(missing_ok=True)
+    if re.fullmatch(rf"{re.escape(preset)}(-[0-9a-f]{{16}})?", old.stem): old.unlink(missing_ok=True)
   return synthesize(preset, target)   # written whole or not at all
 
 def synthetic_names() -> list[str]:
