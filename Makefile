@@ -24,7 +24,7 @@ demo: setup
 	$(VENV)/bin/tinyzoo run -p "The capital of France is" -n 32 --temperature 0
 
 test: setup
-	$(PY) -m pytest -q -n 2 --durations=15
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 lint: setup
 	$(VENV)/bin/ruff check .

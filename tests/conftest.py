@@ -36,19 +36,3 @@ def jits() -> JitStore:
   the suite kept for the same key (the file's sha256, the hints, the shapes, tinyzoo's source), and `rt.keep_jits()`
   keeps those it captured."""
   return STORE
-
-# Under `-n`, the tests of one model preset (named by the parameters in their ids) run in one worker, and so do the other
-# tests of one module: the kernels they share are compiled once (tinygrad caches programs per process) instead of once in
-# each worker.
-def preset_of(nodeid: str) -> str | None:
-  from models.synth import PRESETS
-  params = nodeid.partition("[")[2]
-  return next((n.removesuffix("-tiny") for n in sorted(PRESETS, key=len, reverse=True) if n in params), None)
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-  if config.getoption("dist") != "load": return None
-  from xdist.scheduler import LoadScopeScheduling
-  class ByPreset(LoadScopeScheduling):
-    def _split_scope(self, nodeid: str) -> str: return preset_of(nodeid) or nodeid.partition("::")[0]
-  return ByPreset(config, log)
