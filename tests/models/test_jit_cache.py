@@ -44,9 +44,10 @@ def jits(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries(
 
 def programs(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((PROGRAM_SUFFIX,))]
 
-def stored(first_run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
-  """A copy of the first run's store, the state a test's own first run left before, and that run's tokens."""
-  return JitStore(Path(shutil.copytree(first_run[2].root, tmp_path / "jits"))), first_run[1]
+def stored(run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
+  """A copy of a module's first run's store (first_run, compiled_first_run), the state a test's own first run would
+  leave, and the tokens that fixture gives."""
+  return JitStore(Path(shutil.copytree(run[2].root, tmp_path / "jits"))), run[1]
 
 LATER_RUN = """
 import json, os, sys
@@ -166,28 +167,30 @@ def compiles_of(monkeypatch) -> list[str]:
   monkeypatch.setitem(patches._originals, "do_to_program", counted)
   return names
 
-def first_run_compiling_everything(model: Path, tmp_path: Path, monkeypatch) -> JitStore:
-  """The store of a first run that compiled each of its kernels itself (none taken from this process's earlier work)."""
-  store = JitStore(tmp_path / "jits")
-  compiled = compiles_of(monkeypatch)
-  generate(model, store)
+@pytest.fixture(scope="module")
+def compiled_first_run(model: Path, same_shapes: Path, tmp_path_factory) -> tuple[Runtime, list[int], JitStore]:
+  """A first run that compiled each of its kernels itself (none taken from this process's earlier work) into an empty
+  store, made once (tests start from a copy of its store): its runtime, the tokens of the same-shaped file without a
+  store, and the store."""
+  store = JitStore(tmp_path_factory.mktemp("compiled") / "jits")
+  with pytest.MonkeyPatch.context() as patch:
+    compiled = compiles_of(patch)
+    rt = generate(model, store)[0]
   assert len(programs(store)) == len(compiled) > 10 and store.notes == []
-  return store
+  return rt, generate(same_shapes, None)[1], store
 
-def test_another_file_of_the_same_shapes_compiles_nothing(model: Path, same_shapes: Path, tmp_path: Path, monkeypatch):
-  store = first_run_compiling_everything(model, tmp_path, monkeypatch)
-  want = generate(same_shapes, None)[1]
+def test_another_file_of_the_same_shapes_compiles_nothing(same_shapes: Path, compiled_first_run, tmp_path: Path, monkeypatch):
+  store, want = stored(compiled_first_run, tmp_path)
   compiled = compiles_of(monkeypatch)
   rt, tokens = generate(same_shapes, store)
   assert compiled == [] and tokens == want and store.notes == []
   assert len(jits(store)) == 8   # its JITs captured (the first run's are another file's) and kept beside those
 
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
-def test_a_damaged_program_is_compiled_again(model: Path, same_shapes: Path, tmp_path: Path, monkeypatch, how: str):
-  store = first_run_compiling_everything(model, tmp_path, monkeypatch)
+def test_a_damaged_program_is_compiled_again(same_shapes: Path, compiled_first_run, tmp_path: Path, monkeypatch, how: str):
+  store, want = stored(compiled_first_run, tmp_path)
   kept = programs(store)
   for path in kept: damage(path, how)
-  want = generate(same_shapes, None)[1]
   compiled = compiles_of(monkeypatch)
   rt, tokens = generate(same_shapes, store)
   assert tokens == want and len(compiled) == len(kept) == len(store.notes) and all("compiling it again" in n for n in store.notes)
