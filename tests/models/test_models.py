@@ -22,7 +22,10 @@ def test_logits_match_float64_reference(model: str, hints: dict, rng: np.random.
     got = rt.decode(ids[-1], len(ids) - 1).numpy()[0]
   want = forward(rt.gguf, ids)
   scale = np.abs(want).max()
-  assert np.abs(got - want).max() < 2e-3 * scale, f"max err {np.abs(got - want).max():.4g} at logit scale {scale:.3g}"
+  # an fp16 cache rounds every cached k and v (2^-11 apart): gemma3-270m's logits then part from float64 by up to 2.2e-3
+  # of their scale (13 seeds; a float cache's by 1e-5), which the bound of 2e-3 failed about once in 12 runs
+  bound = 5e-3 if hints.get("kv_cache") == "half" else 2e-3
+  assert np.abs(got - want).max() < bound * scale, f"max err {np.abs(got - want).max():.4g} at logit scale {scale:.3g}"
   assert np.argmax(got) == np.argmax(want)
   # steady state: more decode steps at new positions replay the same capture and compile nothing
   captured, compiled = rt._decode.captured, len(to_program_cache)
