@@ -163,8 +163,8 @@ def test_agrees_with_llama_cpp(name: str, quant: str, tmp_path: Path, jits):
     assert sha256(path) == case["sha256"], "the preset's bytes changed: rerun fixtures/make_moe_fixtures.py"
     rt = with_weights_of(path, rt, jits)
     results += [compare(*greedy(rt, ref["tokens"]), ref, quant == "F16") for ref in case["prompts"]]
-    rt.keep_jits()
     path.unlink()
+  rt.keep_jits()
   check(results, f"{name} {quant}")
   print(f"\n{name} {quant}: argmax {sum(r['argmax'] for r in results)}/{len(results)}, largest top-20 difference "
         f"{max(r['diff'] for r in results):.3f}, lowest overlap {min(r['overlap'] for r in results)}")
