@@ -44,18 +44,24 @@ def _q8_0(x: Tensor) -> Tensor:
   q, d = q8_0_blocks(x)
   return (q * d).reshape(x.shape)
 
-def _q8_k(x: Tensor) -> Tensor:
+def q8_k_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x [..., in] float32 as Q8_K blocks: the quants q [..., in / 256, 256] (float, integral) and their float32 scales d
+  [..., in / 256, 1], from the block's extreme value with its sign (its quant is -127)."""
   xb = x.reshape(*x.shape[:-1], -1, 256)
   amax = xb.abs().max(axis=-1, keepdim=True)
   peak = (xb == amax).any(axis=-1, keepdim=True).where(amax, -amax)   # the extreme value with its sign
   iscale = (amax > 0).where(-127 / peak, 0)
-  q = (xb * iscale).round().minimum(127)
-  return (q * (amax > 0).where(1 / iscale, 0)).reshape(x.shape)
+  return (xb * iscale).round().minimum(127), (amax > 0).where(1 / iscale, 0)
+
+def _q8_k(x: Tensor) -> Tensor:
+  q, d = q8_k_blocks(x)
+  return (q * d).reshape(x.shape)
 
 def _via(dtype) -> Callable[[Tensor], Tensor]:
   return lambda x: x.cast(dtype).cast(dtypes.float32)
 
-_ROUND = {T.Q4_0: _q8_0, T.Q5_0: _q8_0, T.Q8_0: _q8_0, T.MXFP4: _q8_0, T.Q4_1: _q8_0, T.Q4_K: _q8_k, T.Q5_K: _q8_k, T.Q6_K: _q8_k,
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)   # those whose activations ggml rounds as Q8_K
+_ROUND = {T.Q4_0: _q8_0, T.Q5_0: _q8_0, T.Q8_0: _q8_0, T.MXFP4: _q8_0, T.Q4_1: _q8_0, **{t: _q8_k for t in K_QUANTS},
           T.F16: _via(dtypes.float16), T.BF16: _via(dtypes.bfloat16)}
 
 def round_activations(x: Tensor, weight_type: T, rounding: str) -> Tensor:

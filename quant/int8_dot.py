@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as T
 from tinygrad import Tensor, dtypes
 from ops.dp4a import dp4a
-from quant.activations import q8_0_blocks
+from quant.activations import K_QUANTS, q8_0_blocks, q8_k_blocks
 from quant.words import WordBlocks
 
 INT8_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
@@ -32,9 +32,14 @@ class Int8Rows:
   blocks: Tensor
 
   @staticmethod
-  def quantize(x: Tensor) -> "Int8Rows":
-    """x [..., in] (in a multiple of 32) as a buffer of its own (`contiguous`), which every matmul reading x can share."""
-    q, d = q8_0_blocks(x.cast(dtypes.float32), max_per_quant=True)
+  def quantize(x: Tensor, weight_type: T = T.Q8_0) -> "Int8Rows":
+    """x [..., in] (in a multiple of 32) as a buffer of its own (`contiguous`), which every matmul reading x can share,
+    rounded as ggml rounds the activations of a weight_type: for a K-quant as Q8_K (in a multiple of 256; each of its
+    32-element blocks holds its 256-block's quants and float32 scale)."""
+    if weight_type in K_QUANTS:
+      q, d = q8_k_blocks(x.cast(dtypes.float32))
+      q, d = q.reshape(*q.shape[:-2], -1, 32), d.expand(*d.shape[:-1], 8).reshape(*d.shape[:-2], -1, 1)
+    else: q, d = q8_0_blocks(x.cast(dtypes.float32), max_per_quant=True)
     # four quants a word, each as its two's-complement byte shifted into place: the bytes do not overlap, so their sum
     # is their bitwise or
     shifts = (Tensor.arange(4) * 8).cast(dtypes.uint32)

@@ -9,7 +9,8 @@
 - dequant_cache: an fp16 copy of the weights made once at load, then a plain matmul (costs 2 bytes per weight).
 - int8_dot: packed_words against x quantized to 8 bits a block, summed in integers four products at a time (dp4a),
   as llama.cpp's CUDA matvecs do (quant/int8_dot.py); for matmuls (expert ones too) of Q4_0, Q4_1 and Q8_0, whose
-  activations it rounds as ggml's Q8_0 does. Other types read as packed_words.
+  activations it rounds as ggml's Q8_0 does. Other types read as packed_words. On an x86 CPU a matmul of one matrix
+  (Q5_0, Q4_K and Q6_K too) is a kernel of its own over the CPU's integer dot product instructions (quant/int8_cpu.py).
 - split: the dequantize is made `.contiguous()` on every call, then a plain matmul: two kernels, the second a GEMV
   tinygrad optimizes well, at the price of writing and reading the weights in fp32 (seed 003's "selective split").
 """
@@ -22,6 +23,7 @@ from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
 from quant.blockformat import BlockFormat
+from quant import int8_cpu
 from quant.int8_dot import INT8_TYPES, Int8Rows, int8_dot
 from quant.qtensor import QTensor
 from quant.words import WordBlocks
@@ -123,8 +125,10 @@ class _PackedWeight:
     if prefill not in PREFILL_MATMULS: raise ValueError(f"unknown prefill matmul {prefill!r} (choose from {', '.join(PREFILL_MATMULS)})")
     self.weight, self.bias, self.strategy, self.rounding, self.prefill = weight, bias, strategy, rounding, prefill
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
-    self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") else None
-    self.int8 = strategy == "int8_dot" and weight.ggml_type in INT8_TYPES   # matmuls that read x in 8 bits
+    # int8_dot's CPU kernel reads the GGUF blocks themselves
+    self.int8_cpu = strategy == "int8_dot" and int8_cpu.applies(weight)
+    self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") and not self.int8_cpu else None
+    self.int8 = strategy == "int8_dot" and (weight.ggml_type in INT8_TYPES or self.int8_cpu)   # matmuls that read x in 8 bits
 
   def gemm_rows(self, x: Tensor | NormedInput) -> bool:
     """Whether x holds several rows for each matrix (a prompt chunk) that a prefill GEMM multiplies."""
@@ -168,12 +172,13 @@ class _PackedWeight:
 
   def _int8_rows(self, x: Tensor | Int8Rows) -> Int8Rows:
     """x as an int8_dot matmul reads it: quantized already, or quantized here."""
-    return x if isinstance(x, Int8Rows) else Int8Rows.quantize(x)
+    return x if isinstance(x, Int8Rows) else Int8Rows.quantize(x, self.weight.ggml_type)
 
   def _matmul(self, x: Tensor | Int8Rows, sel: Tensor | None = None) -> Tensor:
     if isinstance(x, Int8Rows) and not self.int8:
       raise ValueError(f"activations in 8 bits need an int8_dot matmul of {', '.join(t.name for t in INT8_TYPES)}")
     if isinstance(x, Tensor) and sel is None and self.gemm_rows(x): return self.gemm_of(x)
+    if self.int8_cpu: return int8_cpu.int8_dot_cpu(self.weight, self._int8_rows(x))
     if self.int8: return int8_dot(self.words, self._int8_rows(x), sel)
     x = realized_rounding(x, self.weight.ggml_type, self.rounding)
     if self.words is not None: return self.words.dot(x, sel)

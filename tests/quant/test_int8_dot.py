@@ -15,13 +15,13 @@ def gguf_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   raw = quants.quantize(x.reshape(-1, x.shape[-1]), T.Q8_0).reshape(*x.shape[:-1], -1, 34)
   return raw[..., 2:].view(np.int8), raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
 
-def off_ties(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-  """Fresh standard normal x [..., in] with no element near a rounding tie of its Q8_0 quant: gguf rounds x * (1 / d),
-  the kernel x * (127 / amax), whose float32 products differ in their last bit (a CI run drew a quant that rounded
-  each way, and a whole row moved by a quant step of one block)."""
+def off_ties(rng: np.random.Generator, shape: tuple[int, ...], block: int = 32) -> np.ndarray:
+  """Fresh standard normal x [..., in] with no element near a rounding tie of its quant in blocks of `block` (Q8_0's
+  32, Q8_K's 256): gguf rounds x * (1 / d), the kernel x * (127 / amax), whose float32 products differ in their last
+  bit (a CI run drew a quant that rounded each way, and a whole row moved by a quant step of one block)."""
   while True:
     x = rng.standard_normal(shape).astype(np.float32)
-    xb = x.astype(np.float64).reshape(*shape[:-1], -1, 32)
+    xb = x.astype(np.float64).reshape(*shape[:-1], -1, block)
     r = np.abs(xb * 127 / np.abs(xb).max(axis=-1, keepdims=True))
     if (np.abs(r - np.floor(r) - 0.5) > 1e-4).all(): return x
 

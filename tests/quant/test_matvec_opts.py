@@ -107,12 +107,13 @@ def test_gpu_int8_dot_matvecs_get_a_row_a_thread_in_workgroups_of_128(rows: int,
   """An int8_dot matvec (its dp4a a custom op) gets sizes of its own: two blocks of a row a thread, at most 128 threads a
   row, one row a thread, workgroups of at least 128 threads (integer_gpu_sizes), of as many rows as divide the rows (44
   blocks a row: 22 threads, 4 rows, where 5 rows, not a divisor of 2048, had left the kernel to tinygrad's heuristic)."""
-  from quant.int8_dot import Int8Rows
+  from quant.int8_dot import Int8Rows, int8_dot
+  from quant.words import WordBlocks
   row_upcast(8)
-  lin = QuantLinear(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)), strategy="int8_dot")
+  words = WordBlocks.from_blocks(QTensor.from_bytes(random_blocks(T.Q4_0, (rows, cols), rng), T.Q4_0, (rows, cols)))
   xq = Int8Rows.quantize(Tensor(rng.standard_normal((1, cols), dtype=np.float32)))
   xq.blocks.realize()
-  assert cuda_launch(lin(xq)) == ((rows // local[1], 1, 1), local)
+  assert cuda_launch(int8_dot(words, xq)) == ((rows // local[1], 1, 1), local)
 
 @pytest.mark.parametrize("t,rows,local,rows_per_thread", [(T.Q4_0, 1024, (64, 1, 1), 4), (T.Q8_0, 1024, (64, 1, 1), 1),
                                                            (T.Q4_0, 16384, (16, 4, 1), 4)], ids=["Q4_0", "Q8_0", "Q4_0-tall"])
