@@ -14,15 +14,20 @@ from tinygrad import Device
 from experiments.bench import BenchConfig, bench, changed_switches
 from ops.attention import LAYOUTS, SOFTMAXES
 from ops.norm import NORMS
+from quant.int8_cpu import simd_path
 
-# hint -> the values tried; row_upcast only shapes CPU kernels, the JIT batch size only GPU graphs
+# hint -> the values tried; row_upcast only shapes CPU kernels, the JIT batch size only GPU graphs. On a CPU whose integer
+# kernel runs (quant/int8_cpu.py) int8_dot is tried too: it rounds x to 8 bits, as llama.cpp's CPU matmuls do
 SEARCH = {"norm": NORMS, "act_break": (True, False), "strategy": ("packed_dot", "packed_words"), "fuse": (True, False),
           "kv_layout": LAYOUTS, "act_in_matmul": (False, True), "softmax": SOFTMAXES, "weights_break": (True, False)}
 CPU_SEARCH = {"row_upcast": (8, 4, 16)}
 GPU_SEARCH = {"jit_batch_size": (32, 64, 16)}
 
 def search_space(device: str) -> dict[str, tuple]:
-  return {**SEARCH, **(CPU_SEARCH if device.split(":")[0] == "CPU" else GPU_SEARCH)}
+  if device.split(":")[0] != "CPU": return {**SEARCH, **GPU_SEARCH}
+  space = {**SEARCH, **CPU_SEARCH}
+  if "strategy" in space and simd_path(): space["strategy"] = (*space["strategy"], "int8_dot")
+  return space
 
 def tune(path: Path, name: str, start: BenchConfig, budget_s: float, on_record: Callable[[dict], None] = lambda r: None) -> list[dict]:
   """The records of every trial, fastest first; the first trial benches `start` itself."""

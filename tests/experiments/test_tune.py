@@ -38,3 +38,10 @@ def test_writes_the_fastest_into_the_profile(tmp_path: Path, monkeypatch, capsys
   assert "prefill_chunk" not in profile["hints"], "a hint the search left at its default stays unpinned"
   assert profile["matvec_sizes"] == {"64x8x4": {"sizes": (16, 4, 4), "gb_s": 100.0}} and profile["device"] == device_name()
   assert yaml.safe_load(here.read_text())["tuned"]["model"] == "smollm2-135m-tiny" and [p.name for p in tmp_path.iterdir()] == [here.name]
+
+def test_int8_dot_is_tried_on_a_cpu_whose_integer_kernel_runs(monkeypatch):
+  for path, strategies in (("avx2", ("packed_dot", "packed_words", "int8_dot")), (None, ("packed_dot", "packed_words"))):
+    monkeypatch.setattr(tuning, "simd_path", lambda: path)
+    cpu = tuning.search_space("CPU: a CPU, 2 cores")
+    assert cpu["strategy"] == strategies and list(cpu) == [*tuning.SEARCH, *tuning.CPU_SEARCH]
+  assert tuning.search_space("CUDA: a GPU")["strategy"] == ("packed_dot", "packed_words")
