@@ -5,6 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor
 from quant import int8_cpu
+from quant.activations import K_QUANTS
 from quant.int8_dot import Int8Rows
 from quant.linear import QuantExperts, QuantLinear
 from quant.qtensor import QTensor
@@ -31,7 +32,7 @@ def test_cpu_kernel_is_the_matmul_of_x_rounded_as_ggml(path: str, t: T, rows: in
   cols = 512   # two K-quant blocks
   raw = random_blocks(t, (rows, cols), rng, scale=0.1)
   w = quants.dequantize(raw, t).reshape(rows, cols).astype(np.float64)
-  k_quant = t in (T.Q4_K, T.Q6_K)
+  k_quant = t in K_QUANTS
   x = off_ties(rng, (*lead, cols), 256 if k_quant else 32)
   x[..., :256 if k_quant else 32] = 0   # a block of zeros: scale 0
   q, d = q8_k(x) if k_quant else gguf_q8_0(x)
