@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from models.synth import PRESETS as SYNTH_PRESETS, synthesize
+from models.synth import PRESETS as SYNTH_PRESETS, digest as synth_digest, synthesize
 from ops.cache import cache_dir
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -49,12 +49,11 @@ REAL_MODELS = {m.name: m for m in (
 )}
 
 def synthesized(preset: str) -> Path:
-  """The synthetic preset's file (default quant, seed 0), written into the cache on first use, named by the digest of
-  tinyzoo's source: after a change to the code the file is written anew (its bytes may differ) and the preset's file of
-  the code before is removed."""
-  from models.jit_cache import source_digest
+  """The synthetic preset's file (default quant, seed 0), written into the cache on first use, named by the digest of what
+  decides its bytes (models.synth.digest): after a change to those the file is written anew and the preset's file from
+  before is removed."""
   folder = cache_dir() / "synth"
-  target = folder / f"{preset}-{source_digest()[:16]}.gguf"
+  target = folder / f"{preset}-{synth_digest(preset)[:16]}.gguf"
   if target.exists(): return target
   for old in folder.glob(f"{preset}*.gguf"):
     if re.fullmatch(rf"{re.escape(preset)}(-[0-9a-f]{{16}})?", old.stem): old.unlink(missing_ok=True)

@@ -9,6 +9,8 @@ only by about LOGIT_STD / RMS(last residual), so that greedy decoding does not m
 stream depends only on the seed and the tensor's name: a file is reproducible byte for byte, and `layers` changes nothing in the
 blocks two files share."""
 import functools
+import hashlib
+import json
 import math
 import zlib
 from dataclasses import dataclass
@@ -340,7 +342,8 @@ def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) 
                                                                         1 / math.sqrt(t.shape[-1]))
     mean, std = (out_gain, NORM_STD * out_gain) if t.role == "output_norm" else FILLS[t.role]
     return SynthTensor(t.name, T.F32, t.shape, std, mean=mean)
-  meta = MetadataView({"general.architecture": p.arch, **metadata(name, quant, 0, layers)})
+  # the config needs the vocabulary's size only, not its tokens
+  meta = MetadataView({"general.architecture": p.arch, **hyperparameters(name, quant, 0, layers), f"{p.arch}.vocab_size": p.vocab_size})
   plan = [fill(t) for t in architecture_of(meta).tensors(ModelConfig.from_gguf(meta), meta) if p.writes(t)]
   for t in plan:
     if t.shape[-1] % (block := GGML_QUANT_SIZES[t.ggml_type][0]):
@@ -350,6 +353,11 @@ def tensor_plan(name: str, quant: str | None = None, layers: int | None = None) 
 def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> dict:
   """The file's metadata (without general.architecture, which write_gguf adds): the hyperparameters tinyzoo and llama.cpp
   read, then what the architecture's files say of their own (its module's `metadata`), then the tokenizer."""
+  p = _preset(name)
+  return hyperparameters(name, quant, seed, layers) | p.vocab.metadata(p.vocab_size)
+
+def hyperparameters(name: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> dict:
+  """The file's metadata but the tokenizer's."""
   p = _preset(name)
   q, n_layers, a = _quant(quant, p), _layers(p, layers), p.arch
   meta = {"general.type": "model", "general.name": f"synthetic {name} (seed {seed})", "general.quantization_version": 2,
@@ -367,7 +375,7 @@ def metadata(name: str, quant: str | None = None, seed: int = 0, layers: int | N
     meta |= {f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": p.yarn.factor,
              f"{a}.rope.scaling.original_context_length": p.yarn.orig_ctx}
     if p.yarn.log_mul is not None: meta[f"{a}.rope.scaling.yarn_log_multiplier"] = p.yarn.log_mul
-  return meta | p.vocab.metadata(p.vocab_size)
+  return meta
 
 def _data(t: SynthTensor, seed: int) -> np.ndarray:
   if t.values is not None: return t.values
@@ -380,6 +388,27 @@ def synthesize(preset: str, out: str | Path, quant: str | None = None, seed: int
   """Writes the preset as a GGUF file at `out` (atomically) and returns its path. quant: the GGML type of the matmul weights
   (default: the preset's); layers: the number of blocks instead of the preset's. The same arguments give the same bytes."""
   return write_gguf(out, _preset(preset).arch, metadata(preset, quant, seed, layers), tensors(preset, quant, seed, layers))
+
+# the modules whose code turns a plan and its metadata into the file's bytes
+WRITERS = ("models/synth.py", "quant/random_blocks.py", "quant/gguf_write.py")
+
+def digest(preset: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> str:
+  """sha256 of what decides the bytes synthesize writes: the preset (its tokenizer is made from it by this module's code),
+  the metadata but the tokenizer's, each tensor's plan (with its block layout and the spread of its random blocks), the
+  source of WRITERS and the versions of gguf and numpy. A change elsewhere in tinyzoo (a model's forward pass, a kernel)
+  leaves it, and the catalog's file of the preset, as they were."""
+  from importlib.metadata import version
+  from models.jit_cache import source_digest
+  from quant.qtensor import block_format
+  def planned(t: SynthTensor) -> dict:
+    fmt = block_format(t.ggml_type)
+    return {"name": t.name, "type": t.ggml_type.name, "shape": t.shape, "std": t.std, "mean": t.mean, "element_std": element_std(t.ggml_type),
+            "block": (fmt.block_elems, fmt.block_bytes, fmt.f16_fields),
+            "values": None if t.values is None else hashlib.sha256(np.ascontiguousarray(t.values).tobytes()).hexdigest()}
+  parts = {"preset": repr(_preset(preset)), "metadata": hyperparameters(preset, quant, seed, layers), "seed": seed,
+           "tensors": [planned(t) for t in tensor_plan(preset, quant, layers)], "writers": source_digest(WRITERS),
+           "versions": [version("gguf"), np.__version__]}
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 def tensors(preset: str, quant: str | None = None, seed: int = 0, layers: int | None = None) -> list[RawTensor]:
   """The file's tensors with their data, in order (see synthesize)."""

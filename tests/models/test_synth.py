@@ -14,6 +14,7 @@ packed_dot and fused strategies differ by 0.17 on llama3.2-1b that way. And tiny
 fp16 roundings (tinygrad folds x.cast(half).cast(float) to x: the 8-bit activations' scales are rounded to fp16 on their bits
 since f3aba30, quant/activations.py, but attention rounds the softmax weights before normalizing them where llama.cpp rounds
 the normalized ones): with those emulated, the tiny presets agree to 1e-5 and the full ones within 0.35."""
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -26,7 +27,7 @@ from models import catalog, synth
 from models.catalog import ModelNotFound, resolve_model
 from models.config import ModelConfig
 from models.deepseek2 import gating
-from models.jit_cache import source_digest
+from models import jit_cache
 from models.registry import architecture_of
 from models.spec import MetadataView
 from ops.routing import Gating
@@ -45,7 +46,7 @@ CTX = 16   # the 8 probe tokens and 4 greedy steps fit; a small KV cache keeps t
 @pytest.fixture(scope="session")
 def synthesized():
   """name -> the preset's file (default quant, seed 0) as the catalog writes it into the cache directory: once for each
-  version of tinyzoo's source (the 1B ones are ~0.8 GB)."""
+  version of what decides its bytes (the 1B ones are ~0.8 GB)."""
   return catalog.synthesized
 
 def sha256(path: Path) -> str:
@@ -263,7 +264,7 @@ def test_spm_vocabulary_is_well_formed():
 def test_catalog_synthesizes_presets_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
   monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
   path = resolve_model("gemma3-270m-tiny")
-  assert path == tmp_path / "synth" / f"gemma3-270m-tiny-{source_digest()[:16]}.gguf"
+  assert path == tmp_path / "synth" / f"gemma3-270m-tiny-{synth.digest('gemma3-270m-tiny')[:16]}.gguf"
   assert GGUFFile(path).get("general.name") == "synthetic gemma3-270m-tiny (seed 0)"
   stamp = path.stat().st_mtime_ns
   assert resolve_model("synth:gemma3-270m-tiny") == path and path.stat().st_mtime_ns == stamp
@@ -276,6 +277,19 @@ def test_catalog_synthesizes_presets_once(tmp_path: Path, monkeypatch: pytest.Mo
   with pytest.raises(ModelNotFound, match=r"nope: no such file.*synthetic: llama3.2-1b, .*synth:gemma3-270m, gemma3-270m-tiny"):
     resolve_model("nope")
   with pytest.raises(ModelNotFound, match="synth:nope: no such file"): resolve_model("synth:nope")
+
+def test_a_presets_digest_follows_what_decides_its_bytes(monkeypatch: pytest.MonkeyPatch):
+  """The catalog's file of a preset is named by synth.digest: it changes with the preset, the quant, the seed, the layers
+  and the code that writes the bytes (WRITERS), and reads no other source of tinyzoo's."""
+  name = "llama3.2-1b-tiny"
+  base = synth.digest(name)
+  assert synth.digest(name) == base and len({base, synth.digest(name, "Q8_0"), synth.digest(name, seed=1), synth.digest(name, layers=3)}) == 4
+  read = []
+  monkeypatch.setattr(jit_cache, "source_digest", lambda paths=None: read.append(paths) or f"other {paths}")
+  assert synth.digest(name) != base and read == [synth.WRITERS]
+  monkeypatch.undo()
+  monkeypatch.setitem(synth.PRESETS, name, dataclasses.replace(synth.PRESETS[name], ffn_dim=768))
+  assert synth.digest(name) != base
 
 # ---- agreement with llama.cpp
 
