@@ -182,7 +182,7 @@ class Transformer:
 
   def hidden(self, tokens: Tensor, start_pos: sint) -> Tensor:
     """Token ids [B, T] -> the blocks' output [B, T, dim] (the KV caches written)."""
-    x = self.embed.dequantize()[tokens]
+    x = self.embed.rows(tokens)
     if self.embed_scale != 1.0: x = x * self.embed_scale
     # each block scheduled on its own: tinygrad's scheduling time grows faster than the graph, and a block's output is
     # a buffer either way. In one schedule a prompt chunk's blocks would also dequantize every block's weights for its

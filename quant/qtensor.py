@@ -37,6 +37,11 @@ class QTensor:
     """The float32 weights, as a lazy expression over the blocks (realize it to keep a copy)."""
     return self.format.dequantize(self.blocks).reshape(self.shape)
 
+  def rows(self, index: Tensor) -> Tensor:
+    """The float32 rows at `index` (int [...]) of a 2-D tensor: [..., shape[-1]], the rows' blocks gathered before they are
+    dequantized (a row's bytes read, where a gather from the dequantized table reads the table in groups of rows)."""
+    return self.format.dequantize(self.blocks[index]).reshape(*index.shape, self.shape[-1])
+
 def host_blocks(raw: np.ndarray, ggml_type: GGMLQuantizationType, shape: tuple[int, ...]) -> np.ndarray:
   """A tensor's bytes as `QTensor.blocks` lays them out, on the host."""
   fmt = block_format(ggml_type)

@@ -3,6 +3,7 @@ formats of the same size, values already on the k-quant grids reproduced byte fo
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES, quants
+from tinygrad import Tensor
 from quant.qtensor import QTensor
 from quant.quantize import GGUF_QUANTIZED, SUPPORTED, quantize
 
@@ -62,6 +63,15 @@ def test_tinyzoo_dequantizes_like_gguf(t: T, rng: np.random.Generator):
   want = quants.dequantize(raw, t).reshape(shape)
   np.testing.assert_array_equal(QTensor.from_bytes(raw, t, shape).dequantize().numpy(), want)
   if t in GGUF_QUANTIZED: np.testing.assert_array_equal(raw.reshape(-1), np.ascontiguousarray(quants.quantize(x, t)).view(np.uint8).reshape(-1))
+
+@pytest.mark.parametrize("t", SUPPORTED, ids=lambda t: t.name)
+def test_rows_at_an_index_are_those_gguf_dequantizes(t: T, rng: np.random.Generator):
+  """QTensor.rows, the embedding lookup: the rows at an index of any shape, repeated rows among them."""
+  raw = quantize(data("gauss", rng, (40, 512)), t)
+  index = rng.integers(0, 40, (2, 3))
+  index[1, 2] = index[0, 0]
+  got = QTensor.from_bytes(raw, t, (40, 512)).rows(Tensor(index.astype(np.int32))).numpy()
+  np.testing.assert_array_equal(got, quants.dequantize(raw, t).reshape(40, 512)[index])
 
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_flat_and_one_sided_blocks(t: T, rng: np.random.Generator):
