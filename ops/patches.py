@@ -19,6 +19,10 @@ modules (its files are not touched):
 - JIT inputs: a TinyJit call whose inputs are the realized tensors of an earlier call, unchanged (the same UOps), takes
   what tinygrad worked out from them then (their names, views and types, which a replay checks) instead of working it
   out again, a cost paid on every call of every replay.
+- CPU replays: a JIT's replay whose every call is a batch of the CPU graph runs each batch directly and counts its
+  kernels, where tinygrad's run_linear matches each call against every kind of call it runs and estimates its
+  operations for its statistics, a cost of each replay that on a small model is about a third of its kernels' time. A
+  replay that waits, prints (DEBUG >= 2) or profiles goes through run_linear.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -194,14 +198,16 @@ def _remembered_jit_inputs(args: tuple, kwargs: dict):
   checked alive by a weak reference: nothing is kept alive), where those held no variables in their views and the call
   passes no containers; the variables' values from the call's bound UOps."""
   from tinygrad import Tensor
-  from tinygrad.uop.ops import Ops, UOp
+  from tinygrad.uop.ops import Ops, UOp, buffers
+  def allocated(u: UOp) -> bool:   # UOp.is_realized, for a buffer by its allocation alone (most of a call's cost otherwise)
+    return (b := buffers.get(base)) is not None and b.is_allocated() if (base := u.base).op is Ops.BUFFER else u.is_realized
   named = [*enumerate(args), *sorted(kwargs.items())]
   if any(isinstance(a, (tuple, list, dict)) for _, a in named): return _originals["jit_inputs"](args, kwargs)
   tensors = [(name, t) for name, t in named if t.__class__ is Tensor]
   uops = [t.uop.src[0] if t.uop.op is Ops.UNSHARD else t.uop for _, t in tensors]
   key = tuple((name, id(u)) for (name, _), u in zip(tensors, uops))
   seen = _inputs_seen.get(key)
-  if seen is None or any(ref() is not u for ref, u in zip(seen[0], uops)) or not all(u.is_realized for u in uops):
+  if seen is None or any(ref() is not u for ref, u in zip(seen[0], uops)) or not all(allocated(u) for u in uops):
     prepared = _originals["jit_inputs"](args, kwargs)
     if all(not variables for _, variables, _, _ in prepared[3]):
       if len(_inputs_seen) >= INPUTS_SEEN: _inputs_seen.pop(next(iter(_inputs_seen)))
@@ -209,6 +215,32 @@ def _remembered_jit_inputs(args: tuple, kwargs: dict):
     return prepared
   var_vals = {v.expr: val for v, val in (a.unbind() for _, a in named if isinstance(a, UOp))}
   return [u.base for u in uops], var_vals, seen[1], seen[2]
+
+# for each captured JIT's calls: the asts of its CPU graph batches, or None where a call is something else
+_cpu_batches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+def _batches(linear: Any) -> tuple | None:
+  from tinygrad import Device
+  from tinygrad.uop.ops import Ops
+  if (asts := _cpu_batches.get(linear, False)) is False:
+    asts = tuple(c.src[0] for c in linear.src)
+    if not all(a.op is Ops.CUSTOM_FUNCTION and a.arg == "graph" and isinstance(a.device, str) and Device[a.device].graph is cpu_threads.CPUGraph
+               for a in asts): asts = None
+    _cpu_batches[linear] = asts
+  return asts
+
+def _replay(linear: Any, var_vals: dict[str, int] | None = None, input_uops: tuple = (), update_stats: bool = True, jit: bool = False,
+            wait: bool = False) -> None:
+  """tinygrad's run_linear as a TinyJit's replay calls it, each CPU graph batch run directly (see the module's docstring)."""
+  from tinygrad.engine.realize import get_graph_runtime
+  from tinygrad.helpers import DEBUG, PROFILE, GlobalCounters
+  if not jit or wait or DEBUG >= 2 or PROFILE or (asts := _batches(linear)) is None:
+    return _originals["run_linear"](linear, var_vals, input_uops=input_uops, update_stats=update_stats, jit=jit, wait=wait)
+  inputs, values = tuple(input_uops), var_vals or {}
+  for ast in asts:
+    graph = get_graph_runtime(ast, inputs)
+    graph(inputs, values)
+    if update_stats: GlobalCounters.kernel_count += len(graph.calls)
 
 _installed: list[bool] = []
 
@@ -233,8 +265,9 @@ def install() -> None:
   codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
   import tinygrad.engine.jit as jit
-  _originals.update(jit_inputs=jit._prepare_jit_inputs)
+  _originals.update(jit_inputs=jit._prepare_jit_inputs, run_linear=jit.run_linear)
   jit._prepare_jit_inputs = _remembered_jit_inputs
+  jit.run_linear = _replay
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
   from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram

@@ -103,6 +103,7 @@ class Sampler:
     self.jit = patches.capturing_jit(self._step)   # the slots it reads are realized before its first call
     self.ring_size = max(READBACK, params.repeat_last_n)
     self._step_var = UOp.variable("sample_step", 0, self.ring_size - 1)
+    self._slots: dict[int, UOp] = {}       # the step variable bound to each slot used (a binding costs a small model's step time)
     self._steps = 0                        # steps queued so far; step i writes ring slot i % ring_size
     self._ring: DeviceSlot | None = None   # int32 [ring_size]: the last tokens, -1 where none
     self._u: DeviceSlot | None = None      # float32 [ring_size]: each step's draw, in its slot
@@ -151,7 +152,11 @@ class Sampler:
 
   def queue(self, logits: Tensor) -> Tensor:
     """Samples on the device after `prepare`: the token [1, 1] int32, not waited for, which the next decode step can read."""
-    token = self.jit(logits.contiguous(), self._step_var.bind(self._steps % self.ring_size))
+    # a buffer as it is (a decode step's output: `contiguous` of one copies nothing but takes time on every step); anything
+    # else as a copy of its own (`contiguous` of a row may be a view of its buffer, an input the JIT drops)
+    x = logits if logits.uop.has_buffer_identity() else logits.clone()
+    if (bound := self._slots.get(slot := self._steps % self.ring_size)) is None: bound = self._slots[slot] = self._step_var.bind(slot)
+    token = self.jit(x, bound)
     self._steps += 1
     return token
 

@@ -125,3 +125,29 @@ def test_a_jit_call_on_the_tensors_of_an_earlier_one_takes_what_was_worked_out_f
   both = TinyJit(lambda ts: (ts[0] - ts[1]).realize())
   for _ in range(3): np.testing.assert_allclose(both([x, y]).numpy(), x.numpy() - y.numpy(), rtol=1e-6)
   assert len(prepared) == 9, "a container is prepared on every call"
+
+def test_a_cpu_replay_runs_its_batches_itself_and_counts_their_kernels(rng, monkeypatch):
+  """A replay whose calls are all CPU graph batches runs each batch without tinygrad's run_linear, on each call's fresh
+  input, and adds its kernels to tinygrad's count; under DEBUG=2 (tinygrad prints each kernel) it goes through
+  run_linear."""
+  import tinygrad.engine.jit as jit
+  from tinygrad.helpers import Context, GlobalCounters
+  from ops.kernels import count_kernels
+  through, original = [], patches._originals["run_linear"]
+  monkeypatch.setitem(patches._originals, "run_linear", lambda *a, **k: through.append(k.get("jit")) or original(*a, **k))
+  assert jit.run_linear is patches._replay
+  w = Tensor(rng.standard_normal((16, 8)).astype(np.float32)).realize()
+  step = TinyJit(lambda x: ((x @ w).relu().contiguous() * 2).sum(axis=1).realize())
+  def call() -> int:
+    """The kernels tinygrad counted in the step."""
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    xt, before = Tensor(x).realize(), GlobalCounters.kernel_count
+    out = step(xt)
+    counted = GlobalCounters.kernel_count - before
+    np.testing.assert_allclose(out.numpy(), 2 * np.maximum(x.astype(np.float64) @ w.numpy(), 0).sum(axis=1), rtol=1e-5)
+    return counted
+  with Context(JIT_BATCH_SIZE=0):
+    for _ in range(3): call()
+    assert call() == count_kernels(step) > 1 and True not in through, through
+    with Context(DEBUG=2): call()
+    assert through[-1] is True

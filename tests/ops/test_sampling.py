@@ -37,6 +37,16 @@ def test_greedy_is_argmax(seed, rng):
     logits = rng.normal(size=V).astype(np.float32)
     assert sampler(Tensor(logits)) == np.argmax(logits), f"seed={seed}"
 
+def test_greedy_over_buffers_and_views_past_the_ring(seed, rng):
+  """Logits in a buffer of their own (as a decode step leaves them, taken as they are) and in a view of one (copied),
+  for more steps than the sampler's ring has slots (each slot's step variable bound once and kept)."""
+  sampler = Sampler(SamplerParams(temperature=0, repeat_last_n=0), seed=seed)
+  for step in range(2 * sampler.ring_size + 3):
+    rows = rng.normal(size=(2, V)).astype(np.float32)
+    logits = Tensor(rows).realize()[step % 2] if step % 3 else Tensor(rows[0]).realize()
+    assert sampler(logits) == np.argmax(rows[step % 2 if step % 3 else 0]), f"step {step} seed={seed}"
+  assert len(sampler._slots) == sampler.ring_size
+
 @pytest.mark.parametrize("size", [1, 511, 4099, 200003])   # 200003: groups of 25 values
 def test_first_argmax_takes_the_lowest_tied_index(seed, rng, size):
   x = rng.normal(size=size).astype(np.float32)
