@@ -20,7 +20,7 @@ from experiments import journal, peer_llamacpp
 from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.quality import Probe
 from experiments.profile import attribute, buffer_labels, weight_bytes
-from experiments.steady import back_to_back_ms, queued
+from experiments.steady import back_to_back_ms, queued_steps
 from quant.files import file_sha256
 from models.deepseek2 import prefill_form
 from models.jit_cache import JitStore
@@ -175,10 +175,8 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
   timed = steps[1 + cfg.warmup:]
   ms = [t * 1e3 for t in timed]
   # the same steps queued back to back at one position, never read: the device's time per step where the host keeps ahead
-  with rt.kernels:
-    chain = [sampler.queue(logits)]
-    def step(): chain[0] = sampler.queue(rt.decode(chain[0], prompt_length(depth)))
-    issue_ms, queued_ms = queued(step, rt.device or Device.DEFAULT, cfg.tokens)
+  with rt.kernels: token = sampler.queue(logits)
+  issue_ms, queued_ms = queued_steps(rt, sampler, token, prompt_length(depth), cfg.tokens)
   labels = buffer_labels(rt.weights.labels)
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
   matvecs = rt.kernels.heuristic

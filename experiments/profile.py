@@ -21,6 +21,7 @@ from ops.kernels import CATEGORIES, Kernel, replay_kernels
 from experiments.peer_llamacpp import ncu_us
 from models.weights import LabelKind
 from ops import patches
+from experiments.steady import queued_steps
 
 Labels = dict[Buffer, list[tuple[str, LabelKind]]]   # device buffer -> what it holds
 
@@ -270,7 +271,12 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")
   rows = [replace(r, index=i) for i, r in enumerate(rows)]
   title = f"{name}: one decode step at position {pos - 1} on {device_name()}, {cfg.describe()}"
-  return title, rows, timing_note(rows, repeats)
+  note = timing_note(rows, repeats)
+  if times:   # the whole step too, as the generation loop runs it: what the kernels' times leave is the host's
+    step_ms = queued_steps(rt, sampler, token, pos, repeats)[1]
+    beyond = step_ms - sum(r.us or 0.0 for r in rows) / 1e3
+    note += f" The whole step (decode and sampler replayed back to back) took {step_ms:.2f} ms: {beyond:.2f} ms beyond the kernels' sum."
+  return title, rows, note
 
 def timing_note(rows: list[KernelRow], repeats: int) -> str:
   """What the times of timed replays' rows mean: each kernel's own, or its graph batch's split evenly."""

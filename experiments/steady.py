@@ -46,3 +46,11 @@ def queued(call: Callable[[], object], device: str, n: int) -> tuple[float, floa
   t1 = time.perf_counter()
   dev.synchronize()
   return (t1 - t0) * 1e3 / n, (time.perf_counter() - t0) * 1e3 / n
+
+def queued_steps(rt, sampler, token, pos: int, n: int) -> tuple[float, float]:
+  """`queued` for n decode steps of runtime `rt` at position `pos`, each sampled by `sampler` (token: the last sampled one,
+  on the device) as the generation loop runs them but never read back: (ms per step issued, ms per step finished)."""
+  with rt.kernels:
+    chain = [token]
+    def step(): chain[0] = sampler.queue(rt.decode(chain[0], pos))
+    return queued(step, rt.device or Device.DEFAULT, n)

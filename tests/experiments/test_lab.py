@@ -3,6 +3,7 @@ module; an experiment run records baseline and variants, one journal record each
 the kernel count the way their definitions say."""
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,9 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   assert all(r.us is not None and r.us > 0 and not r.batched for r in rows)   # the CPU backend launches kernels one by one
   text = report(title, rows, note)
   assert "tiny: one decode step" in title and "launched alone" in note and "Per-block kernel map" in text
+  # the whole step beside the kernels' sum: what the host spends beyond them
+  step = re.search(r"The whole step \(decode and sampler replayed back to back\) took ([0-9.]+) ms: (-?[0-9.]+) ms beyond the kernels' sum", note)
+  assert step and float(step.group(1)) > 0 and abs(float(step.group(1)) - float(step.group(2)) - sum(r.us for r in rows) / 1e3) < 0.011, note
   # the weights read per token: every matmul weight once, one row of the (untied) embedding table at most
   assert record["metrics"]["bytes_per_token"] > 0
   # a run whose JITs all come from the cache starts in a fraction of this one's compile and capture
