@@ -21,8 +21,8 @@ modules (its files are not touched):
   out again, a cost paid on every call of every replay.
 - CPU replays: a JIT's replay whose every call is a batch of the CPU graph runs each batch directly and counts its
   kernels, where tinygrad's run_linear matches each call against every kind of call it runs and estimates its
-  operations for its statistics, a cost of each replay that on a small model is about a third of its kernels' time. A
-  replay that waits, prints (DEBUG >= 2) or profiles goes through run_linear.
+  operations for its statistics, a cost paid on every replay that is large beside a small model's kernels. A replay
+  that waits, prints (DEBUG >= 2) or profiles goes through run_linear.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.

@@ -103,7 +103,7 @@ class Sampler:
     self.jit = patches.capturing_jit(self._step)   # the slots it reads are realized before its first call
     self.ring_size = max(READBACK, params.repeat_last_n)
     self._step_var = UOp.variable("sample_step", 0, self.ring_size - 1)
-    self._slots: dict[int, UOp] = {}       # the step variable bound to each slot used (a binding costs a small model's step time)
+    self._slots: dict[int, UOp] = {}       # the step variable bound to each slot used, once (binding is slow beside a small step)
     self._steps = 0                        # steps queued so far; step i writes ring slot i % ring_size
     self._ring: DeviceSlot | None = None   # int32 [ring_size]: the last tokens, -1 where none
     self._u: DeviceSlot | None = None      # float32 [ring_size]: each step's draw, in its slot
