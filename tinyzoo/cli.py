@@ -482,10 +482,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   import shlex
+  from profiles.device import select_device
+  select_device()   # before the parser, whose hint defaults ask for the device
   args = parser().parse_args(argv)
   args.command_line = shlex.join(["tinyzoo", *(sys.argv[1:] if argv is None else argv)])   # as conversion records it
-  from profiles.device import select_device
-  select_device()
   try: args.fn(args)
   except USER_ERRORS as e:
     print(f"tinyzoo: error: {e}", file=sys.stderr)

@@ -84,15 +84,18 @@ def test_bad_profiles_name_the_file_and_line(tmp_path: Path, text: str, error: s
 
 def test_the_chosen_device_is_kept_per_machine(tmp_path: Path):
   """Without DEV, the first process takes tinygrad's choice of device and keeps it; a later one takes the kept choice
-  without tinygrad trying every backend (none but the CPU's module is imported); a kept device that does not open is
-  chosen again."""
+  without tinygrad trying every backend (none but the CPU's module is imported), and so does the command line, whose
+  parser's defaults depend on the device; a kept device that does not open is chosen again."""
   env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"TINYZOO_CACHE": str(tmp_path)}
-  probe = ("from profiles.device import select_device; import sys; d = select_device(); "
-           "print(d, sorted(m.rsplit('_', 1)[1] for m in sys.modules if m.startswith('tinygrad.runtime.ops_')))")
+  backends = "print(sorted(m.rsplit('_', 1)[1] for m in sys.modules if m.startswith('tinygrad.runtime.ops_')))"
+  probe = f"from profiles.device import select_device; import sys; d = select_device(); print(d, end=' '); {backends}"
   run = lambda: subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120).stdout.split(maxsplit=1)
   first, later = run(), run()
   kept = json.loads((tmp_path / "device.json").read_text())
   assert first[0] == later[0] and list(kept.values()) == [first[0]], (first, later, kept)
   assert later[1].strip() == f"['{first[0].lower()}']" and first[1] != later[1], (first, later)
+  cli = f"import atexit, sys; atexit.register(lambda: {backends}); from tinyzoo.cli import main; main(['run', '--help'])"
+  r = subprocess.run([sys.executable, "-c", cli], env=env, capture_output=True, text=True, timeout=120)
+  assert "kernel hints" in r.stdout and r.stdout.splitlines()[-1] == later[1].strip(), r.stdout[-300:]
   (tmp_path / "device.json").write_text(json.dumps({k: "NOSUCH" for k in kept}))
   assert run() == first and json.loads((tmp_path / "device.json").read_text()) == kept
