@@ -23,6 +23,10 @@ modules (its files are not touched):
   kernels, where tinygrad's run_linear matches each call against every kind of call it runs and estimates its
   operations for its statistics, a cost paid on every replay that is large beside a small model's kernels. A replay
   that waits, prints (DEBUG >= 2) or profiles goes through run_linear.
+- Programs into a captured JIT's calls: each distinct kernel's program is put into its source once and that source
+  shared by every call of the kernel, where tinygrad substitutes it into each call anew, a walk of the kernel's graph
+  for every one (a model's blocks share their kernels). Compiles run in this process
+  one after another, as tinygrad's would with no compile workers.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -242,6 +246,19 @@ def _replay(linear: Any, var_vals: dict[str, int] | None = None, input_uops: tup
     graph(inputs, values)
     if update_stats: GlobalCounters.kernel_count += len(graph.calls)
 
+def _lower_and_compile(linear: Any) -> Any:
+  """tinygrad's lower_and_compile (see the module's docstring): every call of a kernel compiled, its program swapped in."""
+  from tinygrad.codegen import to_program, to_program_key
+  from tinygrad.engine.realize import _get_call_to_compile
+  from tinygrad.uop.ops import Ops
+  sources: dict[tuple, Any] = {}
+  calls = {}
+  for c in linear.toposort():
+    if c.op is not Ops.CALL or (a := _get_call_to_compile(c)) is None: continue
+    if (src := sources.get(k := (c.src[0], to_program_key(*a)))) is None: sources[k] = src = c.src[0].substitute({a[0]: to_program(*a)})
+    calls[c] = c.replace(src=(src, *c.src[1:]))
+  return linear.substitute(calls, name="precompile kernels") if calls else linear
+
 _installed: list[bool] = []
 
 def install() -> None:
@@ -268,6 +285,7 @@ def install() -> None:
   _originals.update(jit_inputs=jit._prepare_jit_inputs, run_linear=jit.run_linear)
   jit._prepare_jit_inputs = _remembered_jit_inputs
   jit.run_linear = _replay
+  realize.lower_and_compile = _lower_and_compile
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
   from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram

@@ -151,3 +151,27 @@ def test_a_cpu_replay_runs_its_batches_itself_and_counts_their_kernels(rng, monk
     assert call() == count_kernels(step) > 1 and True not in through, through
     with Context(DEBUG=2): call()
     assert through[-1] is True
+
+def test_a_captured_kernel_shared_by_calls_gets_its_program_put_in_once(rng, monkeypatch):
+  """A capture whose calls repeat one kernel on other buffers (as a model's blocks do): each call runs its program on
+  its own buffers, and the program goes into the kernel's source once, not once a call."""
+  import tinygrad.engine.realize as realize
+  from tinygrad.uop.ops import Ops, UOp
+  from ops.kernels import count_kernels
+  assert realize.lower_and_compile is patches._lower_and_compile
+  into_kernels, substitute = [], UOp.substitute
+  def watched(self: UOp, dvars: dict, *a, **k) -> UOp:
+    if any(v.op is Ops.PROGRAM for v in dvars.values()): into_kernels.append(self)
+    return substitute(self, dvars, *a, **k)
+  monkeypatch.setattr(UOp, "substitute", watched)
+  ws = [Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize() for _ in range(6)]
+  def blocks(x: Tensor) -> Tensor:
+    for w in ws: x = (x @ w).tanh().realize()
+    return x
+  step = patches.capturing_jit(blocks)
+  for _ in range(2):
+    x = rng.standard_normal((1, 8)).astype(np.float32)
+    want = x.astype(np.float64)
+    for w in ws: want = np.tanh(want @ w.numpy().astype(np.float64))
+    np.testing.assert_allclose(step(Tensor(x).realize()).numpy(), want, rtol=1e-4, atol=1e-5)
+  assert count_kernels(step) == len(ws) and len(into_kernels) == 1, into_kernels
