@@ -1,7 +1,9 @@
 """Captured JITs kept across runs in the cache directory (`jits/`), so that a later run with the same key schedules and
 compiles nothing; and the compiled programs of the kernels in them (and of any kernel compiled under no settings, where
 ops/patches.py's keep_programs was given a store), so that a run with another key (another model file of the same shapes,
-another context or hint) compiles only the kernels no run compiled before.
+another context or hint) compiles only the kernels no run compiled before; and the schedules of the functions a capture
+realizes (a model's blocks, its head), so that a capture under a new key (after a change to tinyzoo, under another hint)
+schedules only the functions no run scheduled before.
 
 An entry is one pickled TinyJit (its planned calls, compiled programs and output tensors) under a key that hashes
 everything that changes it: the model file's sha256, the resolved hints, the device and its name, tinygrad's version and
@@ -11,11 +13,13 @@ objects that hold it and bound to the loading run's buffer of that name. Buffers
 as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
 MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's
 kernel settings, the device's name, tinygrad's version and settings, and only the tinyzoo source that runs while a kernel
-compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A file is a magic line,
+compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A schedule is kept under
+tinygrad's key of the function it schedules (its graph, the buffers in it made parameters), with the same settings and
+source (no tinyzoo code runs while tinygrad schedules); it names no buffer of the run. A file is a magic line,
 the payload's sha256 and the payload, written to a temporary file and renamed into place (two runs at once each leave a
 whole entry); one that fails any check is deleted and made again, and one that cannot be read or written is made and
 not kept. The directory is kept under its limit by removing the entries least recently used, whenever a JIT is kept
-and after every TRIM_EVERY programs."""
+and after every TRIM_EVERY programs and schedules."""
 import contextlib
 import functools
 import hashlib
@@ -36,8 +40,8 @@ DEFAULT_LIMIT_MB = 2048
 MAX_OTHER_BYTES = 16 << 20
 LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
 SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
-JIT_SUFFIX, PROGRAM_SUFFIX = ".jit", ".prg"
-SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX)   # the kinds of entry a store holds
+JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX = ".jit", ".prg", ".sch"
+SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX)   # the kinds of entry a store holds
 TRIM_EVERY = 64   # programs written between checks of the store's size (each lists the directory)
 
 class NotCacheable(ValueError): pass
@@ -160,7 +164,7 @@ class JitStore:
     self.root = root or cache_dir() / "jits"
     self.limit = limit if limit is not None else int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) << 20
     self.notes: list[str] = []   # what went wrong with an entry (rebuilt), for the caller to show
-    self.unchecked = 0           # programs written since the store's size was last checked
+    self.unchecked = 0           # programs and schedules written since the store's size was last checked
 
   def path(self, key: str) -> Path: return self.root / f"{key}{JIT_SUFFIX}"
 
@@ -225,12 +229,27 @@ class JitStore:
       if not isinstance(prg := pickle.loads(payload), UOp) or prg.op is not Ops.PROGRAM: raise pickle.UnpicklingError("not a compiled program")
       return prg
     if (prg := self._read(path, unpickle, "compiling it again")) is not None: return prg
-    prg = compile()
-    try: self._write(path, pickle.dumps(prg, protocol=pickle.HIGHEST_PROTOCOL))
-    except (pickle.PicklingError, TypeError, AttributeError) as e: self.notes.append(f"jit cache: a program not kept ({e})")
+    self._keep(path, prg := compile(), "a program")
+    return prg
+
+  def _schedule_path(self, key: bytes) -> Path:
+    return self.root / f"{cache_key(COMPILE_SOURCES, schedule=key.hex(), device=self.device)}{SCHEDULE_SUFFIX}"
+
+  def schedule(self, key: bytes) -> UOp | None:
+    """The schedule (a LINEAR) that tinygrad keys by `key` (a function's graph), where a run kept it; else None."""
+    def unpickle(payload: bytes) -> UOp:
+      if not isinstance(linear := pickle.loads(payload), UOp) or linear.op is not Ops.LINEAR: raise pickle.UnpicklingError("not a schedule")
+      return linear
+    return self._read(self._schedule_path(key), unpickle, "scheduling it again")
+
+  def keep_schedule(self, key: bytes, linear: UOp) -> None: self._keep(self._schedule_path(key), linear, "a schedule")
+
+  def _keep(self, path: Path, obj: UOp, what: str) -> None:
+    """Writes a program or a schedule, checking the store's size every TRIM_EVERY of them."""
+    try: self._write(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, TypeError, AttributeError) as e: self.notes.append(f"jit cache: {what} not kept ({e})")
     self.unchecked += 1
     if self.unchecked >= TRIM_EVERY: self.trim()
-    return prg
 
   def entries(self, suffixes: tuple[str, ...] = SUFFIXES) -> list[tuple[Path, int, float]]:
     """(path, bytes, last use) of each entry (of the kinds named by `suffixes`), least recently used first."""

@@ -27,6 +27,8 @@ modules (its files are not touched):
   shared by every call of the kernel, where tinygrad substitutes it into each call anew, a walk of the kernel's graph
   for every one (a model's blocks share their kernels). Compiles run in this process
   one after another, as tinygrad's would with no compile workers.
+- Schedules: tinygrad's cache of the schedules of the functions it realizes (a model's blocks) takes from, and keeps in,
+  the store where compiled programs are kept, so that a later process schedules only what no run scheduled before.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -117,12 +119,28 @@ def keep_programs(store: Any) -> None:
   `programs`) and taken from there where a process compiled them before."""
   _unset_programs[0] = store
 
+def _store() -> Any:
+  """Where compiled programs and schedules are kept now: the settings' store in force, else keep_programs's, or None."""
+  return _unset_programs[0] if (settings := active()) is None else settings.programs
+
 def _do_to_program(ast, renderer):
   settings, compile = active(), functools.partial(_originals["do_to_program"], ast, renderer)
-  programs, start = _unset_programs[0] if settings is None else settings.programs, time.perf_counter()
+  programs, start = _store(), time.perf_counter()
   try: return compile() if programs is None else programs.program(_key(ast, renderer), compile)
   finally:
     if settings is not None: settings.compile_s[0] += time.perf_counter() - start
+
+class _Schedules(dict):
+  """tinygrad's cache of schedules (by the key of the function scheduled) with the store in force behind it: a schedule
+  this process has not made is taken from the store where a run kept it, and one it makes is kept there."""
+  def get(self, key, default=None):
+    if (linear := super().get(key)) is None and (store := _store()) is not None and (linear := store.schedule(key)) is not None:
+      super().__setitem__(key, linear)
+    return default if linear is None else linear
+
+  def __setitem__(self, key, linear) -> None:
+    super().__setitem__(key, linear)
+    if (store := _store()) is not None: store.keep_schedule(key, linear)
 
 def _render_with_dp4a(self, uops) -> str:
   from ops import dp4a
@@ -286,6 +304,8 @@ def install() -> None:
   jit._prepare_jit_inputs = _remembered_jit_inputs
   jit.run_linear = _replay
   realize.lower_and_compile = _lower_and_compile
+  import tinygrad.schedule as schedule
+  schedule.schedule_cache = _Schedules(schedule.schedule_cache)
   CStyleLanguage.render = _render_with_dp4a            # type: ignore[method-assign]
   CUDARenderer.render_kernel = _render_with_entry      # type: ignore[method-assign]
   from tinygrad.runtime.ops_cpu import CPUDevice, CPUProgram

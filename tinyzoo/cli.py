@@ -71,12 +71,12 @@ def cmd_run(args) -> None:
   run(args)
 
 def cmd_cache(args) -> None:
-  from models.jit_cache import JIT_SUFFIX, PROGRAM_SUFFIX, JitStore, total_bytes
+  from models.jit_cache import JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore, total_bytes
   store = JitStore()
-  if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs and compiled programs from {store.root}")
-  jits, programs = store.entries((JIT_SUFFIX,)), store.entries((PROGRAM_SUFFIX,))
-  print(f"{store.root}: {len(jits)} captured JITs and {len(programs)} compiled programs, {total_bytes(jits + programs) / 2**20:.1f} MiB "
-        f"of at most {store.limit / 2**20:.0f} MiB")
+  if args.clear: return print(f"removed {store.clear() / 2**20:.1f} MiB of captured JITs, compiled programs and schedules from {store.root}")
+  jits, programs, schedules = (store.entries((suffix,)) for suffix in (JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX))
+  print(f"{store.root}: {len(jits)} captured JITs, {len(programs)} compiled programs and {len(schedules)} schedules, "
+        f"{total_bytes(jits + programs + schedules) / 2**20:.1f} MiB of at most {store.limit / 2**20:.0f} MiB")
 
 def cmd_logits(args) -> None:
   from tinyzoo.run import cmd_logits as logits
@@ -216,7 +216,7 @@ def add_model_options(s: argparse.ArgumentParser, ctx: bool = True, **defaults) 
   add_flags(s, **defaults)
 
 def add_cache_option(s: argparse.ArgumentParser) -> None:
-  s.add_argument("--no-cache", action="store_true", help="neither take captured JITs and compiled programs from the cache directory "
+  s.add_argument("--no-cache", action="store_true", help="neither take captured JITs, compiled programs and schedules from the cache directory "
                  "nor keep this run's (see `tinyzoo cache`)")
 
 def add_journal_options(s: argparse.ArgumentParser, what: str = "the record") -> None:
@@ -335,16 +335,19 @@ def parser() -> argparse.ArgumentParser:
   add_cache_option(s)
   s.set_defaults(fn=cmd_perplexity)
 
-  s = sub.add_parser("cache", help="the captured JITs and compiled programs kept across runs: where, how many, how large; --clear removes them",
+  s = sub.add_parser("cache", help="the captured JITs, compiled programs and schedules kept across runs: where, how many, how large; --clear "
+                     "removes them",
                      description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
                                  "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
                                  "hints, the device and its name, tinygrad's version and settings and tinyzoo's source, and each kernel "
                                  "program they compile, under a key of its graph, its compile settings, the device, tinygrad's version and "
                                  "settings and only the tinyzoo source that runs in a compile, not the model file (a run of another file "
                                  "of the same shapes, or with another context or hint, compiles only the kernels no run compiled "
-                                 "before); the least recently used go beyond "
+                                 "before), and the schedule of each function a capture realizes (a block), under a key of its graph "
+                                 "and the same settings and source (a capture after a change to tinyzoo's source schedules only what "
+                                 "changed); the least recently used go beyond "
                                  f"${JIT_LIMIT_ENV} MiB (default {JIT_DEFAULT_MB}).")
-  s.add_argument("--clear", action="store_true", help="remove every kept JIT and program")
+  s.add_argument("--clear", action="store_true", help="remove every kept JIT, program and schedule")
   s.set_defaults(fn=cmd_cache)
 
   s = sub.add_parser("bench", help="JIT steady-state decode benchmark: kernels/token, ms/token, tok/s, bytes against the memory floor",

@@ -1,7 +1,8 @@
 """Captured JITs kept across runs (models/jit_cache.py): a later run with the same key takes all four and compiles
 nothing, with the same tokens; any change of key misses; a damaged or partial entry is removed and captured again; the
 store stays under its limit. Compiled programs kept beside them: a run of another file of the same shapes captures its
-JITs again but compiles nothing, to the same tokens as without the store; a damaged program is compiled again."""
+JITs again but compiles nothing, to the same tokens as without the store; a damaged program is compiled again. Schedules
+kept beside them: a later capture of the model schedules nothing; a damaged schedule is made again."""
 import json
 import os
 import shutil
@@ -10,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 import pytest
-from models.jit_cache import COMPILE_SOURCES, JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, JitStore
+from models.jit_cache import COMPILE_SOURCES, JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore
 from models.runtime import ALL_JITS, Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
@@ -43,6 +44,8 @@ def first_run(model: Path, tmp_path_factory) -> tuple[Runtime, list[int], JitSto
 def jits(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((JIT_SUFFIX,))]
 
 def programs(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((PROGRAM_SUFFIX,))]
+
+def schedules(store: JitStore) -> list[Path]: return [p for p, _, _ in store.entries((SCHEDULE_SUFFIX,))]
 
 def stored(run: tuple[Runtime, list[int], JitStore], tmp_path: Path) -> tuple[JitStore, list[int]]:
   """A copy of a module's first run's store (first_run, compiled_first_run), the state a test's own first run would
@@ -228,6 +231,45 @@ def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, 
   Runtime(model, resolve({"strategy": "int8_dot"}), 64, jits=JitStore(tmp_path / "jits")).prefill([5, 6, 7]).realize()
   ours = {str(p.relative_to(ROOT)) for f in called if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT) and ".venv" not in p.parts}
   assert {"quant/matvec_opts.py", "ops/dp4a.py", "ops/patches.py"} <= ours <= set(COMPILE_SOURCES), ours
+
+CAPTURE_RUN = """
+import json, sys
+from pathlib import Path
+import tinygrad.schedule as schedule
+from models.jit_cache import JitStore
+from ops import patches
+from tests.models.test_jit_cache import generate
+store = JitStore(Path(sys.argv[2]))
+store.device
+patches.install()
+patches.keep_programs(store)   # the model's loading kernels kept there too
+scheduled, make = [], schedule.get_kernel_graph
+schedule.get_kernel_graph = lambda function: scheduled.append(function) or make(function)
+tokens = generate(Path(sys.argv[1]), store)[1]
+print(json.dumps({"scheduled": len(scheduled), "tokens": tokens, "notes": store.notes}))
+"""
+
+def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Path, tmp_path: Path):
+  """A capture keeps the schedule of each function it realizes; a later process that captures the model again (its
+  JITs gone, as after a change to tinyzoo's source) takes every schedule from the store, schedules nothing and gives
+  the same tokens; a damaged schedule is made again. Each run is a process of its own: tinygrad remembers what it
+  scheduled in the process."""
+  store = JitStore(tmp_path / "jits")
+  def capture() -> dict:
+    for p in jits(store): p.unlink()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", CAPTURE_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+  first = capture()
+  kept = schedules(store)
+  assert first["scheduled"] == len(kept) > 0 and first["notes"] == []
+  assert capture() == {**first, "scheduled": 0}
+  for p in kept: damage(p, "garbage")
+  again = capture()
+  assert again["scheduled"] == len(again["notes"]) == len(kept) and again["tokens"] == first["tokens"]
+  assert all("scheduling it again" in n for n in again["notes"]), again["notes"]
 
 def test_the_compile_sources_import_no_other_tinyzoo_module():
   """What a file of COMPILE_SOURCES imports from tinyzoo (at its top or inside a function) is in COMPILE_SOURCES too, so
