@@ -134,7 +134,7 @@ def test_an_interrupted_write_leaves_no_entry(first_run, tmp_path: Path, monkeyp
 
 def test_the_store_keeps_under_its_limit_the_most_recently_used(first_run, tmp_path: Path):
   rt, store = first_run[0], stored(first_run, tmp_path)[0]
-  for path in programs(store): path.unlink()
+  for path in programs(store) + schedules(store): path.unlink()
   sizes = {p.name: size for p, size, _ in store.entries()}
   state = rt._state()
   small = JitStore(store.root, limit=sum(sizes.values()) - 1)
