@@ -42,7 +42,7 @@ LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
 SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
 JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX = ".jit", ".prg", ".sch"
 SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX)   # the kinds of entry a store holds
-TRIM_EVERY = 64   # programs written between checks of the store's size (each lists the directory)
+TRIM_EVERY = 64   # programs and schedules written between checks of the store's size (each lists the directory)
 
 class NotCacheable(ValueError): pass
 
