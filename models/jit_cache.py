@@ -7,19 +7,21 @@ schedules only the functions no run scheduled before.
 
 An entry is one pickled TinyJit (its planned calls, compiled programs and output tensors) under a key that hashes
 everything that changes it: the model file's sha256, the resolved hints, the device and its name, tinygrad's version and
-settings, tinyzoo's own source, and the caller's shapes (context, chunk, sampler). The buffers a JIT reads from its
-model's state (weights, caches, rope tables, the host slots) are not written into it: each is named by its path in the
-objects that hold it and bound to the loading run's buffer of that name. Buffers the JIT writes (its arena) are written
-as sizes and allocated afresh; any other buffer it reads (a constant realized in capture) is written whole, up to
-MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's
-kernel settings, the device's name, tinygrad's version and settings, and only the tinyzoo source that runs while a kernel
-compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A schedule is kept under
-tinygrad's key of the function it schedules (its graph, the buffers in it made parameters), with the same settings and
-source (no tinyzoo code runs while tinygrad schedules); it names no buffer of the run. A file is a magic line,
-the payload's sha256 and the payload, written to a temporary file and renamed into place (two runs at once each leave a
-whole entry); one that fails any check is deleted and made again, and one that cannot be read or written is made and
-not kept. The directory is kept under its limit by removing the entries least recently used, whenever a JIT is kept
-and after every TRIM_EVERY programs and schedules."""
+settings, the tinyzoo source its capture depends on (capture_sources: the runtime's modules and its architecture's, so
+that a change to another architecture, the command line or the lab keeps it), and the caller's shapes (context, chunk,
+sampler). The buffers a JIT reads from its model's state (weights, caches, rope tables, the host slots) are not written
+into it: each is named by its path in the objects that hold it and bound to the loading run's buffer of that name.
+Buffers the JIT writes (its arena) are written as sizes and allocated afresh; any other buffer it reads (a constant
+realized in capture) is written whole, up to MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph,
+renderer and compile settings) with tinyzoo's kernel settings, the device's name, tinygrad's version and settings, and
+only the tinyzoo source that runs while a kernel compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its
+compiled programs usable. A schedule is kept under tinygrad's key of the function it schedules (its graph, the buffers
+in it made parameters), with the same settings and source (no tinyzoo code runs while tinygrad schedules); it names no
+buffer of the run. A file is a magic line, the payload's sha256 and the payload, written to a temporary file and renamed
+into place (two runs at once each leave a whole entry); one that fails any check is deleted and made again, and one that
+cannot be read or written is made and not kept. The directory is kept under its limit by removing the entries least
+recently used, whenever a JIT is kept and after every TRIM_EVERY programs and schedules."""
+import ast
 import contextlib
 import functools
 import hashlib
@@ -39,7 +41,7 @@ MAGIC = b"tinyzoo-jit 1\n"
 DEFAULT_LIMIT_MB = 2048
 MAX_OTHER_BYTES = 16 << 20
 LIMIT_ENV = "TINYZOO_JIT_CACHE_MB"
-SOURCES = ("models", "ops", "quant", "profiles", "tinyzoo")
+PACKAGES = ("models", "ops", "quant", "profiles", "tinyzoo")
 JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX = ".jit", ".prg", ".sch"
 SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX)   # the kinds of entry a store holds
 TRIM_EVERY = 64   # programs and schedules written between checks of the store's size (each lists the directory)
@@ -54,11 +56,44 @@ ROOT = Path(__file__).resolve().parent.parent
 # tinyzoo's modules whose code runs inside a kernel's compile (its opts and rendering), and the tinyzoo modules they import
 COMPILE_SOURCES = ("ops/patches.py", "ops/dp4a.py", "ops/cuda_graph.py", "ops/cpu_threads.py", "ops/cache.py", "quant/matvec_opts.py")
 
+def module_file(name: str) -> str | None:
+  """The file (relative to ROOT) of the tinyzoo module called `name`, or None where no file is (an attribute's name)."""
+  for rel in (name.replace(".", "/") + ".py", name.replace(".", "/") + "/__init__.py"):
+    if (ROOT / rel).is_file(): return rel
+  return None
+
+def tinyzoo_imports(source: str) -> set[str]:
+  """The files of the tinyzoo modules that the file `source` imports, at its top or inside a function."""
+  out = set()
+  for node in ast.walk(ast.parse((ROOT / source).read_text())):
+    if isinstance(node, ast.Import): names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module: names = [f"{node.module}.{a.name}" for a in node.names]   # a submodule or an attribute
+    else: continue
+    for parts in (n.split(".") for n in names if n.split(".")[0] in PACKAGES):
+      out.add(next((f for i in range(len(parts), 0, -1) if (f := module_file(".".join(parts[:i]))) is not None), None))
+  return out - {None}
+
+# the file that names every architecture: a model's JITs depend on its own architecture's module, not on the others
+REGISTRY = "models/registry.py"
+
 @functools.cache
-def source_digest(paths: tuple[str, ...] | None = None) -> str:
-  """sha256 over tinyzoo's own Python source (or the files `paths` names): any change to it is another key."""
+def capture_sources(arch: str) -> tuple[str, ...]:
+  """The tinyzoo source that the captured JITs of a model whose architecture is the module `arch` depend on: the files
+  that models/runtime.py and that module import, and those they import in turn (but the other architectures, which the
+  registry imports), with the packages they are in."""
+  todo, seen = ["models/runtime.py", module_file(arch)], set()
+  while todo:
+    if (source := todo.pop()) in seen: continue
+    seen.add(source)
+    if source != REGISTRY: todo += tinyzoo_imports(source)
+  packages = {str(p / "__init__.py") for s in seen for p in Path(s).parents[:-1] if (ROOT / p / "__init__.py").is_file()}
+  return tuple(sorted(seen | packages))
+
+@functools.cache
+def source_digest(paths: tuple[str, ...]) -> str:
+  """sha256 over the tinyzoo source files `paths` names: any change to them is another key."""
   h = hashlib.sha256()
-  for path in sorted(p for d in SOURCES for p in (ROOT / d).rglob("*.py")) if paths is None else [ROOT / p for p in paths]:
+  for path in [ROOT / p for p in paths]:
     h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
   return h.hexdigest()
 
@@ -75,8 +110,8 @@ def settings() -> dict[str, Any]:
   env = {k: v for k, v in sorted(os.environ.items()) if (k in ContextVar._cache or k.startswith("TINYZOO_")) and k not in UNKEYED}
   return {"version": version("tinygrad"), "env": env}
 
-def cache_key(sources: tuple[str, ...] | None = None, **parts: Any) -> str:
-  """A key of `parts` with tinygrad's settings and tinyzoo's source (or the files `sources` names)."""
+def cache_key(sources: tuple[str, ...], **parts: Any) -> str:
+  """A key of `parts` with tinygrad's settings and the tinyzoo source files `sources` names."""
   return hashlib.sha256(json.dumps({**parts, "tinyzoo": source_digest(sources), "tinygrad": settings()}, sort_keys=True,
                                    default=str).encode()).hexdigest()
 
@@ -92,7 +127,7 @@ def state_of(roots: dict[str, Any]) -> dict[str, Tensor]:
       for i, x in enumerate(obj): walk(x, f"{path}.{i}")
     elif isinstance(obj, dict):
       for k, x in obj.items(): walk(x, f"{path}.{k}")
-    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in SOURCES:
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in PACKAGES:
       for k, x in vars(obj).items(): walk(x, f"{path}.{k}")
   for name, root in roots.items(): walk(root, name)
   return out

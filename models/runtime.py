@@ -18,7 +18,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import UOp
 from ops.kernels import count_kernels
 from models.config import ModelConfig
-from models.jit_cache import JitStore, cache_key, state_of
+from models.jit_cache import JitStore, cache_key, capture_sources, state_of
 from models.registry import architecture_of
 from models.spec import by_name
 from models.tokenizer import Tokenizer
@@ -63,7 +63,7 @@ class Runtime:
     self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores,
                                    programs=(JitStore() if jits is None else jits) if keep_programs else None)
     self.gguf = GGUFFile(path)
-    arch = architecture_of(self.gguf)
+    self.arch = arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)
     self.tokenizer = Tokenizer.from_gguf(self.gguf)
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
@@ -103,7 +103,7 @@ class Runtime:
     return {"model": file_sha256(self.path), "hints": {n: h["value"] for n, h in self.hints.as_dict().items()}, "device": self.jits.device,
             "sizes": sorted(self.hints.matvec_sizes.items()), "on": self.device, "max_context": self.max_context, "chunk": self.chunk}
 
-  def _jit_key(self, name: str, **extra) -> str: return cache_key(jit=name, **self._key_parts, **extra)
+  def _jit_key(self, name: str, **extra) -> str: return cache_key(capture_sources(self.arch.__name__), jit=name, **self._key_parts, **extra)
 
   def _sampler_key(self, sampler: Sampler) -> str: return self._jit_key("sampler", sampler=repr(sampler.params), ring=sampler.ring_size)
 

@@ -1,7 +1,9 @@
 import os
+from pathlib import Path
+from typing import Iterator
 import numpy as np
 import pytest
-from models.jit_cache import JitStore
+from models.jit_cache import PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore
 from ops import patches
 
 @pytest.fixture
@@ -36,3 +38,18 @@ def jits() -> JitStore:
   the suite kept for the same key (the file's sha256, the hints, the shapes, tinyzoo's source), and `rt.keep_jits()`
   keeps those it captured."""
   return STORE
+
+@pytest.fixture
+def linked_store(tmp_path: Path) -> Iterator[JitStore]:
+  """A store of the test's own in `tmp_path/jits`, holding no JIT, that starts with links to the suite's compiled programs
+  and schedules (so that a capture in it compiles and schedules only what no run of the suite did) and gives those it
+  made back to the suite's store for its next run."""
+  (root := tmp_path / "jits").mkdir()
+  for p in (p for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX) for p in STORE.root.glob(f"*{suffix}")): (root / p.name).symlink_to(p)
+  yield (store := JitStore(root))
+  give_back(store)
+
+def give_back(store: JitStore) -> None:
+  """Links the programs and schedules made in `store` (a linked_store) into the suite's store."""
+  for p in (p for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX) for p in store.root.glob(f"*{suffix}")):
+    if not p.is_symlink() and not (STORE.root / p.name).exists(): os.link(p, STORE.root / p.name)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from models.jit_cache import PROGRAM_SUFFIX, SCHEDULE_SUFFIX
 from quant.random_blocks import random_blocks
+from tests.conftest import give_back
 from tests.gguf_files import small_gguf, type_field_offset
 
 def tinyzoo(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
@@ -125,15 +125,12 @@ def test_logits_sizes_an_unset_prompt_chunk_to_its_longest_prompt():
 SUMMARY = (r"load [0-9.]+ s \| compile ([0-9.]+) s \((.+)\) \| first token ([0-9.]+) s after loading \| "
            r"prompt \d+ tokens at [0-9.]+ tok/s \| decode \d+ tokens at [0-9.]+ tok/s \| \d+ kernels/token")
 
-def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_path: Path, programs):
+def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_path: Path, linked_store):
   """The summary gives load, compile and the first token's time apart from prompt and decode; the second run of the same model takes all four
   JITs from the cache directory and says so; --no-cache neither takes nor keeps any; `tinyzoo cache` counts them and
   --clear removes them. The runs' cache directory starts with links to the suite's compiled programs and schedules (it
   holds no JIT), and those the runs made are linked into the suite's store for its next run."""
   run = ["run", "smollm2-135m-tiny", "-p", "The capital of France is", "-n", "6", "--temperature", "0", "--ctx", "64"]
-  (kept := tmp_path / "jits").mkdir()
-  shared = [p for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX) for p in programs.root.glob(f"*{suffix}")]
-  for p in shared: (kept / p.name).symlink_to(p)
   summaries, texts = [], []
   for extra in ([], [], ["--no-cache"]):
     r = tinyzoo(*run, *extra, cache=tmp_path)
@@ -146,8 +143,7 @@ def test_run_streams_text_keeps_its_jits_and_a_second_run_compiles_nothing(tmp_p
   assert all(float(m.group(3)) + 0.05 >= float(m.group(1)) for m in summaries), summaries   # after the compile (shown to 0.1 s)
   assert first[0] > 0 and first[1] == "0 of 4 JITs from the cache" and second == (0.0, "4 of 4 JITs from the cache"), (first, second)
   assert uncached[0] > 0 and uncached[1] == "--no-cache" and texts[0] == texts[1] == texts[2]
-  for p in (p for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX) for p in kept.glob(f"*{suffix}")):
-    if not p.is_symlink() and not (programs.root / p.name).exists(): os.link(p, programs.root / p.name)
+  give_back(linked_store)
   assert re.fullmatch(r".*/jits: 4 captured JITs, [1-9][0-9]* compiled programs and [1-9][0-9]* schedules, [0-9.]+ MiB of at most 2048 MiB\n",
                       tinyzoo("cache", cache=tmp_path).stdout)
   assert tinyzoo("cache", "--clear", cache=tmp_path).stdout.startswith("removed ")

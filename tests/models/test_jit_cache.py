@@ -11,7 +11,8 @@ import sys
 import threading
 from pathlib import Path
 import pytest
-from models.jit_cache import COMPILE_SOURCES, JIT_SUFFIX, MAGIC, PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore
+from models.jit_cache import (COMPILE_SOURCES, JIT_SUFFIX, MAGIC, PACKAGES, PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore, capture_sources, module_file,
+                              tinyzoo_imports)
 from models.runtime import ALL_JITS, Runtime
 from models.synth import synthesize
 from ops.sampling import Sampler, SamplerParams
@@ -276,15 +277,46 @@ def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Pat
 def test_the_compile_sources_import_no_other_tinyzoo_module():
   """What a file of COMPILE_SOURCES imports from tinyzoo (at its top or inside a function) is in COMPILE_SOURCES too, so
   that a table or helper it reads from elsewhere is hashed with it."""
-  import ast
-  for source in COMPILE_SOURCES:
-    for node in ast.walk(ast.parse((ROOT / source).read_text())):
-      if isinstance(node, ast.Import): names = [a.name for a in node.names]
-      elif isinstance(node, ast.ImportFrom) and node.module:
-        names = [node.module] if "." in node.module else [f"{node.module}.{a.name}" for a in node.names]
-      else: continue
-      for name in (n for n in names if n.split(".")[0] in ("ops", "quant", "models", "profiles", "tinyzoo")):
-        assert name.replace(".", "/") + ".py" in COMPILE_SOURCES, f"{source} imports {name}"
+  for source in COMPILE_SOURCES: assert tinyzoo_imports(source) <= set(COMPILE_SOURCES), source
+
+# a preset of each architecture's module
+ARCH_PRESETS = {"models.llama": "smollm2-135m-tiny", "models.gemma3": "gemma3-270m-tiny", "models.qwen3": "qwen3-0.6b-tiny",
+                "models.mixtral": "mixtral-8x7b-tiny", "models.gpt_oss": "gpt-oss-20b-tiny", "models.deepseek2": "deepseek-v2-lite-tiny"}
+
+@pytest.mark.parametrize("arch", ARCH_PRESETS)
+def test_a_jits_key_hashes_the_tinyzoo_source_its_capture_runs(arch: str, linked_store: JitStore):
+  """Every tinyzoo function called while a runtime loads, builds and captures a model (prefill, head, decode and the
+  sampler's JIT) and keeps its JITs is in a file of capture_sources(its architecture's module), the only tinyzoo source
+  a kept JIT's key hashes; the other architectures' modules are not among them, but for one the module imports itself
+  (Mixtral's, Llama's). The store takes the suite's programs and schedules: the profile is of the capture."""
+  import cProfile
+  import pstats
+  from models.catalog import resolve_model
+  path, profile = resolve_model(ARCH_PRESETS[arch]), cProfile.Profile()
+  with profile:
+    rt, sampler = Runtime(path, resolve({}), 64, jits=linked_store), Sampler(GREEDY)
+    rt.warm_up(sampler)
+    rt.keep_jits(sampler)
+  assert rt.arch.__name__ == arch and rt.cached == set(ALL_JITS)
+  ran = {str(p.relative_to(ROOT)) for f, _, _ in pstats.Stats(profile).stats if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT)
+         and p.parts[len(ROOT.parts)] in PACKAGES}
+  others = {module_file(a) for a in ARCH_PRESETS} - {module_file(arch)} - tinyzoo_imports(module_file(arch))
+  assert {module_file(arch), "models/runtime.py", "ops/sampling.py"} <= ran <= set(capture_sources(arch)), ran - set(capture_sources(arch))
+  assert not others & set(capture_sources(arch))
+
+@pytest.mark.parametrize("edited,misses", [("models/llama.py", True), ("ops/attention.py", True), ("models/gemma3.py", False),
+                                           ("tinyzoo/cli.py", False), ("models/synth.py", False)])
+def test_an_edit_misses_where_the_capture_runs_it(model: Path, first_run, tmp_path: Path, monkeypatch, edited: str, misses: bool):
+  """An edit of a file (its digest another) misses every JIT of the smollm2 preset (a Llama) where its capture runs that
+  file's code (the architecture's module, a shared op) and keeps all four where it does not (another architecture, the
+  command line, the writer of synthetic files); the tokens stay those of the first run."""
+  from models import jit_cache
+  digest = jit_cache.source_digest
+  monkeypatch.setattr(jit_cache, "source_digest", lambda paths: digest(paths) + ("edited" if edited in paths else ""))
+  store, tokens = stored(first_run, tmp_path)
+  rt, again = generate(model, store)
+  assert again == tokens and store.notes == [] and rt.cached == set(ALL_JITS)
+  assert len(jits(store)) == (8 if misses else 4)
 
 def test_a_store_whose_directory_takes_no_entry_runs_without_it(model: Path, first_run, tmp_path: Path):
   """A cache directory that cannot be made (its parent a file) keeps nothing: the run answers as one with a store does,
