@@ -3,8 +3,10 @@ nothing, with the same tokens; any change of key misses; a damaged or partial en
 store stays under its limit. Compiled programs kept beside them: a run of another file of the same shapes captures its
 JITs again but compiles nothing, to the same tokens as without the store; a damaged program is compiled again. Schedules
 kept beside them: a later capture of the model schedules nothing; a damaged schedule is made again."""
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -215,6 +217,11 @@ def test_an_entry_the_store_may_not_remove_still_counts_toward_its_limit(tmp_pat
   store.trim()
   assert sorted(p.name for p in store.root.iterdir()) == [f"0{PROGRAM_SUFFIX}", f"3{PROGRAM_SUFFIX}"]
 
+def tinyzoo_files(profile: cProfile.Profile) -> set[str]:
+  """The files of tinyzoo's packages (relative to the root) that a function called under `profile` is in."""
+  return {str(p.relative_to(ROOT)) for f, _, _ in pstats.Stats(profile).stats if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT)
+          and p.parts[len(ROOT.parts)] in PACKAGES}
+
 def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, tmp_path: Path, monkeypatch):
   """Every tinyzoo function called while a model's prompt kernels compile (int8 dot products too, so dp4a's) is in a
   file of COMPILE_SOURCES, the only tinyzoo source a kept program's key hashes. int8_dot's CPU kernel of its own is
@@ -223,14 +230,12 @@ def test_a_programs_key_hashes_the_tinyzoo_source_its_compile_runs(model: Path, 
   from quant import int8_cpu
   monkeypatch.setattr(int8_cpu, "simd_path", lambda flags=None: None)
   patches.forget_compiled()
-  called, compile = set(), patches._originals["do_to_program"]
+  profile, compile = cProfile.Profile(), patches._originals["do_to_program"]
   def watched(ast, renderer):
-    sys.setprofile(lambda frame, event, arg: called.add(frame.f_code.co_filename) if event == "call" else None)
-    try: return compile(ast, renderer)
-    finally: sys.setprofile(None)
+    with profile: return compile(ast, renderer)
   monkeypatch.setitem(patches._originals, "do_to_program", watched)
   Runtime(model, resolve({"strategy": "int8_dot"}), 64, jits=JitStore(tmp_path / "jits")).prefill([5, 6, 7]).realize()
-  ours = {str(p.relative_to(ROOT)) for f in called if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT) and ".venv" not in p.parts}
+  ours = tinyzoo_files(profile)
   assert {"quant/matvec_opts.py", "ops/dp4a.py", "ops/patches.py"} <= ours <= set(COMPILE_SOURCES), ours
 
 CAPTURE_RUN = """
@@ -289,8 +294,6 @@ def test_a_jits_key_hashes_the_tinyzoo_source_its_capture_runs(arch: str, linked
   sampler's JIT) and keeps its JITs is in a file of capture_sources(its architecture's module), the only tinyzoo source
   a kept JIT's key hashes; the other architectures' modules are not among them, but for one the module imports itself
   (Mixtral's, Llama's). The store takes the suite's programs and schedules: the profile is of the capture."""
-  import cProfile
-  import pstats
   from models.catalog import resolve_model
   path, profile = resolve_model(ARCH_PRESETS[arch]), cProfile.Profile()
   with profile:
@@ -298,8 +301,7 @@ def test_a_jits_key_hashes_the_tinyzoo_source_its_capture_runs(arch: str, linked
     rt.warm_up(sampler)
     rt.keep_jits(sampler)
   assert rt.arch.__name__ == arch and rt.cached == set(ALL_JITS)
-  ran = {str(p.relative_to(ROOT)) for f, _, _ in pstats.Stats(profile).stats if (p := Path(f)).is_absolute() and p.is_relative_to(ROOT)
-         and p.parts[len(ROOT.parts)] in PACKAGES}
+  ran = tinyzoo_files(profile)
   others = {module_file(a) for a in ARCH_PRESETS} - {module_file(arch)} - tinyzoo_imports(module_file(arch))
   assert {module_file(arch), "models/runtime.py", "ops/sampling.py"} <= ran <= set(capture_sources(arch)), ran - set(capture_sources(arch))
   assert not others & set(capture_sources(arch))
