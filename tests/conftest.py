@@ -35,8 +35,8 @@ def programs() -> JitStore:
 def jits() -> JitStore:
   """The suite's store, for a runtime whose JITs depend only on its file, hints and shapes, as a CLI run's do (no
   test's patch or tinygrad context changes them): `Runtime(..., jits=jits)` takes the JITs an earlier test or run of
-  the suite kept for the same key (the file's sha256, the hints, the shapes, tinyzoo's source), and `rt.keep_jits()`
-  keeps those it captured."""
+  the suite kept for the same key (the file's sha256, the hints, the shapes, the source its capture runs), and
+  `rt.keep_jits()` keeps those it captured."""
   return STORE
 
 @pytest.fixture
