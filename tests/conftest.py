@@ -1,6 +1,6 @@
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 import numpy as np
 import pytest
 from models.jit_cache import PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore
@@ -44,10 +44,19 @@ def linked_store(tmp_path: Path) -> Iterator[JitStore]:
   """A store of the test's own in `tmp_path/jits`, holding no JIT, that starts with links to the suite's compiled programs
   and schedules (so that a capture in it compiles and schedules only what no run of the suite did) and gives those it
   made back to the suite's store for its next run."""
-  (root := tmp_path / "jits").mkdir()
-  for p in (p for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX) for p in STORE.root.glob(f"*{suffix}")): (root / p.name).symlink_to(p)
-  yield (store := JitStore(root))
+  yield (store := linked_to_suite(tmp_path / "jits"))
   give_back(store)
+
+@pytest.fixture
+def suite_links() -> Callable[..., JitStore]:
+  """linked_to_suite, for a test module that may not import this one (its processes would install what it installs)."""
+  return linked_to_suite
+
+def linked_to_suite(root: Path, suffixes: tuple[str, ...] = (PROGRAM_SUFFIX, SCHEDULE_SUFFIX)) -> JitStore:
+  """A new store in `root` holding links to the suite's entries of the kinds `suffixes` names."""
+  root.mkdir()
+  for p in (p for suffix in suffixes for p in STORE.root.glob(f"*{suffix}")): (root / p.name).symlink_to(p)
+  return JitStore(root)
 
 def give_back(store: JitStore) -> None:
   """Links the programs and schedules made in `store` (a linked_store) into the suite's store."""

@@ -339,7 +339,8 @@ def parser() -> argparse.ArgumentParser:
                      "removes them",
                      description="`run` and `logits` keep each JIT they capture (prefill, head, decode, the sampler's) in the cache "
                                  "directory ($TINYZOO_CACHE, else ~/.cache/tinyzoo), under a key of the model file's sha256, the resolved "
-                                 "hints, the device and its name, tinygrad's version and settings and tinyzoo's source, and each kernel "
+                                 "hints, the device and its name, tinygrad's version and settings and the tinyzoo source its capture runs "
+                                 "(the runtime's modules and the architecture's, with what they import), and each kernel "
                                  "program they compile, under a key of its graph, its compile settings, the device, tinygrad's version and "
                                  "settings and only the tinyzoo source that runs in a compile, not the model file (a run of another file "
                                  "of the same shapes, or with another context or hint, compiles only the kernels no run compiled "

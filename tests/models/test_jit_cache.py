@@ -255,14 +255,12 @@ tokens = generate(Path(sys.argv[1]), store)[1]
 print(json.dumps({"scheduled": len(scheduled), "tokens": tokens, "notes": store.notes}))
 """
 
-def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Path, tmp_path: Path, programs: JitStore):
+def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Path, tmp_path: Path, suite_links):
   """A capture keeps the schedule of each function it realizes; a later process that captures the model again (its
   JITs gone, as after a change to tinyzoo's source) takes every schedule from the store, schedules nothing and gives
   the same tokens; a damaged schedule is made again. Each run is a process of its own: tinygrad remembers what it
   scheduled in the process. The store starts with links to the suite's compiled programs (none of its schedules)."""
-  (root := tmp_path / "jits").mkdir()
-  for p in programs.root.glob(f"*{PROGRAM_SUFFIX}"): (root / p.name).symlink_to(p)
-  store = JitStore(root)
+  store = suite_links(tmp_path / "jits", (PROGRAM_SUFFIX,))
   def capture() -> dict:
     for p in jits(store): p.unlink()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
