@@ -7,6 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
+from ops import patches
 from ops.kernels import jit_programs
 from quant.matvec_opts import CPU_GEMM_TILE, GPU_MATVEC_THREADS, VALUE_COLUMNS, builtin_gpu_sizes, kernel_settings
 from quant.linear import QuantExperts, QuantLinear
@@ -80,27 +81,34 @@ def cuda_sink(out: Tensor):
   (ast,) = [c.src[0] for c in out.schedule_linear().src if c.src[0].op is Ops.SINK]
   return full_rewrite_to_sink(ast, cuda_renderer())
 
-def cuda_launch(out: Tensor) -> tuple[tuple, tuple]:
+def sink_launch(sink) -> tuple[tuple, tuple]:
+  """An optimized kernel's (cuda_sink's) global and local sizes."""
   from tinygrad.uop.ops import ProgramInfo
-  info = ProgramInfo.from_sink(cuda_sink(out), cuda_renderer().target)
+  info = ProgramInfo.from_sink(sink, cuda_renderer().target)
   return tuple(info.global_size), tuple(info.local_size)
 
-def cuda_kernels(out: Tensor) -> list[str]:
-  """The CUDA source of each kernel computing `out` (its helpers included), variables allowed."""
+def cuda_launch(out: Tensor) -> tuple[tuple, tuple]: return sink_launch(cuda_sink(out))
+
+def cuda_kernels(out: Tensor, reduces_only: bool = False) -> list[str]:
+  """The CUDA source of each kernel computing `out` (its helpers included), variables allowed; with `reduces_only` of
+  those that reduce only (no other takes tensor cores), the rest not compiled."""
   from tinygrad.codegen import full_rewrite_to_sink, line_rewrite, pm_linearize_cleanups
   from tinygrad.codegen.late.linearizer import linearize
   from tinygrad.uop.ops import Ops
   linear, _ = out.linear_with_vars()
-  asts = [c.src[0] for c in linear.src if c.src[0].op is Ops.SINK]
+  asts = [a for c in linear.src if (a := c.src[0]).op is Ops.SINK and (not reduces_only or any(u.op is Ops.REDUCE for u in a.toposort()))]
   return [cuda_renderer().render(line_rewrite(linearize(full_rewrite_to_sink(a, cuda_renderer())), pm_linearize_cleanups)) for a in asts]
 
 def cuda_sources(out: Tensor) -> str: return "\n".join(cuda_kernels(out))
 
 
-def cuda_source(out: Tensor) -> str:
+def sink_source(sink) -> str:
+  """An optimized kernel's (cuda_sink's) CUDA source."""
   from tinygrad.codegen import line_rewrite, pm_linearize_cleanups
   from tinygrad.codegen.late.linearizer import linearize
-  return cuda_renderer().render(line_rewrite(linearize(cuda_sink(out)), pm_linearize_cleanups))
+  return cuda_renderer().render(line_rewrite(linearize(sink), pm_linearize_cleanups))
+
+def cuda_source(out: Tensor) -> str: return sink_source(cuda_sink(out))
 
 @pytest.mark.parametrize("rows,cols,local", [(1024, 2048, (32, 4, 1)), (256, 8192, (128, 1, 1)), (256, 512, (8, 16, 1)), (2048, 1408, (22, 4, 1))])
 def test_gpu_int8_dot_matvecs_get_a_row_a_thread_in_workgroups_of_128(rows: int, cols: int, local: tuple, row_upcast, rng: np.random.Generator):
@@ -153,7 +161,9 @@ def test_gpu_matvec_span_sets_the_words_each_thread_reads(row_upcast, rng: np.ra
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
   for sizes, load, local in (((16, 4, 2), "uint4", (16, 4, 1)), ((16, 4, 2, 4), "uint4", (16, 4, 1)), ((16, 4, 2, 2), "uint2", (2, 8, 4)),
                              ((16, 4, 2, 1), "uint", (4, 4, 4)), ((2, 4, 2, 1), "uint", (4, 4, 1))):
-    with kernel_settings(8, forced=sizes): src, (global_size, local_size) = cuda_source(lin(x * sum(sizes))), cuda_launch(lin(x * -sum(sizes)))
+    with kernel_settings(8, forced=sizes):
+      sink = cuda_sink(lin(x * sum(sizes)))
+      src, (global_size, local_size) = sink_source(sink), sink_launch(sink)
     assert f"{load} val" in src and local_size == local and global_size == (rows // (4 * 2), 1, 1), sizes
     assert all(f"{other} val" not in src for other in ("uint4", "uint2", "uint") if other != load), sizes
 
@@ -234,8 +244,9 @@ def test_gpu_matvec_of_a_routers_few_float_rows(row_upcast, rng: np.random.Gener
   raw = rng.standard_normal((rows, cols), dtype=np.float32)
   lin = QuantLinear(QTensor.from_bytes(raw, T.F32, (rows, cols)), Tensor(rng.standard_normal(rows, dtype=np.float32)).realize())
   x = Tensor(rng.standard_normal((1, cols), dtype=np.float32)).realize()
-  assert cuda_launch(lin(x)) == ((32, 1, 1), (120, 1, 1))
-  src = cuda_source(lin(x * 1))
+  sink = cuda_sink(lin(x))
+  assert sink_launch(sink) == ((32, 1, 1), (120, 1, 1))
+  src = sink_source(sink)
   assert "unsigned char" not in src and [line for line in src.splitlines() if "for (" in line][0].endswith("< 6; Ridx0++) {")
   row_upcast(0)
   assert cuda_launch(lin(x * 2))[1] == (16, 1, 1), "tinygrad's own heuristic"
@@ -280,9 +291,10 @@ def test_gpu_matvec_of_gate_and_up_pairs(row_upcast, rng: np.random.Generator):
   lin, _, x = _gate_up_pairs(rows, cols, rng)
   threads, block, per_thread, _ = builtin_gpu_sizes(rows, 256, 1, 8, pairs=1)
   assert per_thread == builtin_gpu_sizes(rows, 256, 1, 8)[2] // 2
-  global_size, local_size = cuda_launch(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))))
+  sink = cuda_sink(swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))))
+  global_size, local_size = sink_launch(sink)
   assert global_size == (rows // (block * per_thread), 1, 1) and prod(local_size) == threads * block
-  src = cuda_source(swiglu.of_pairs(lin(x + 1).unflatten(-1, (2, rows))))
+  src = sink_source(sink)
   assert src.count("__global__") == 1 and "__shared__" in src and "exp2" in src and "for (" not in src.split("__syncthreads")[0]
 
 def test_gpu_matvec_of_expert_pairs_takes_a_word_a_thread_and_two_rows(row_upcast, rng: np.random.Generator):
@@ -314,13 +326,15 @@ def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Gene
 
 def test_gpu_matvec_of_pairs_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """The pair kernel's GROUP sits inside the unrolled product, a split tinygrad's opts refuse and matvec_opts makes
-  directly: run on tinygrad's PYTHON device (an emulator with workgroups and shared memory) against float64."""
+  directly: run on tinygrad's PYTHON device (an emulator with workgroups and shared memory) against float64, over 8
+  rows (a workgroup each), which get the opts 64 do."""
   from ops.activations import swiglu
-  rows, cols = 64, 512
+  rows, cols = 8, 512
   row_upcast(8)
   lin, want, x = _gate_up_pairs(rows, cols, rng, "PYTHON")
-  jit = TinyJit(lambda x: swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))).realize())
-  for _ in range(2): got = jit(x).numpy()[0]
+  Tensor.realize(*lin.device_tensors)   # the words, which the captured call would run as its own kernels otherwise
+  jit = patches.capturing_jit(lambda x: swiglu.of_pairs(lin(x).unflatten(-1, (2, rows))).realize())
+  got = jit(x).numpy()[0]
   [opts] = [prg.src[0].arg.applied_opts for prg in jit_programs(jit)]
   assert [o.arg for o in opts if o.op is OptOps.GROUP] and Opt(OptOps.UNROLL, 6, 0) in opts, opts
   g, u = want[:rows], want[rows:]
@@ -360,11 +374,12 @@ def test_gpu_normalized_logits_split_over_threads(row_upcast, rng: np.random.Gen
 
 def test_gpu_normalized_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """Those logits' GROUP sits inside the unrolled reduces (split directly, as tinygrad refuses it): on tinygrad's PYTHON
-  device (workgroups and shared memory) the attention matches float64 at positions past a chunk."""
+  device (workgroups and shared memory) the attention matches float64 at positions past a chunk: the first call
+  captures the kernels, the second replays them."""
   from tinygrad.uop.ops import UOp
   row_upcast(8)
   q, step, want = _normed_attention("PYTHON", 128, rng)
-  jit = TinyJit(lambda qq, pos: step(qq, pos).realize())
+  jit = patches.capturing_jit(lambda qq, pos: step(qq, pos).realize())
   qt = Tensor(q, device="PYTHON").realize()
   for pos in (66, 67):
     np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
@@ -477,11 +492,11 @@ def test_gpu_split_attention_gives_a_warps_neighbours_neighbouring_elements(layo
 
 def test_gpu_rotated_logits_are_right_with_workgroups(row_upcast, rng: np.random.Generator):
   """That attention, sinks met at the query's own logit, on tinygrad's PYTHON device (workgroups and shared memory)
-  against float64 at positions past a chunk."""
+  against float64 at positions past a chunk: the first call captures the kernels, the second replays them."""
   from tinygrad.uop.ops import UOp
   row_upcast(8)
   q, step, want = _rotated_attention("PYTHON", 32, rng)   # the emulator runs each thread in Python: a narrower head, the same opts
-  jit = TinyJit(lambda qq, pos: step(qq, pos).realize())
+  jit = patches.capturing_jit(lambda qq, pos: step(qq, pos).realize())
   qt = Tensor(q, device="PYTHON").realize()
   for pos in (66, 67):
     np.testing.assert_allclose(jit(qt, UOp.variable("pos", 0, 126).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5)
@@ -521,12 +536,14 @@ def test_gpu_split_latent_attention_keeps_few_sums_a_thread(heads: int, per_thre
     assert f"buf0[{per_thread * (VALUE_COLUMNS if name == 'values' else 1)}]" in src, (name, src[:400])
 
 def test_gpu_split_latent_attention_is_right_with_workgroups(row_upcast, rng: np.random.Generator):
-  """That attention for 20 heads in parts of 4 chunks (each a loop of the value sums) on tinygrad's PYTHON device
-  (workgroups and shared memory) against float64 at positions in the first part and past it."""
+  """That attention in parts of 4 chunks (each a loop of the value sums) on tinygrad's PYTHON device (workgroups and
+  shared memory) against float64 at a position in the first part, where the kernels are captured, and two past it, their
+  replays over two parts; for 12 heads (three threads of 4, where GLM-4.7-Flash's 20 are five), which get every kernel the
+  opts 20 do (the emulator runs each thread in Python)."""
   from tinygrad.uop.ops import UOp
   row_upcast(8)
-  step, want = _split_latent_attention(20, 16, 4, 4, "PYTHON", rng)
-  jit = TinyJit(lambda pos: step(pos).realize())
+  step, want = _split_latent_attention(12, 16, 4, 4, "PYTHON", rng)
+  jit = patches.capturing_jit(lambda pos: step(pos).realize())
   for pos in (3, 258, 259):
     np.testing.assert_allclose(jit(UOp.variable("pos", 0, 511).bind(pos)).numpy(), want(pos), rtol=1e-4, atol=1e-5, err_msg=f"pos {pos}")
   assert any(o.op is OptOps.UPCAST and o.arg == 4 for prg in jit_programs(jit) for o in prg.src[0].arg.applied_opts)
@@ -658,7 +675,7 @@ def test_gpu_prompt_chunk_moe_with_shared_experts_keeps_every_gemm_on_tensor_cor
   rt = Runtime(resolve_model("deepseek-v2-lite-tiny"), hints, max_context=64)
   moe = rt.model.blocks[-1].ffn
   assert moe.shared is not None
-  with kernel_settings(8): kernels = cuda_kernels(moe(Tensor.empty(1, 64, rt.cfg.dim).realize()))
+  with kernel_settings(8): kernels = cuda_kernels(moe(Tensor.empty(1, 64, rt.cfg.dim).realize()), reduces_only=True)
   assert sum("mma.sync" in src for src in kernels) == 4
 
 def test_gpu_prompt_chunk_latent_expansion_on_tensor_cores():
@@ -673,5 +690,5 @@ def test_gpu_prompt_chunk_latent_expansion_on_tensor_cores():
   hints = resolve({"prefill": "half", "prefill_chunk": 64, "mla_prefill": "expanded"})
   rt = Runtime(resolve_model("deepseek-v2-lite-tiny"), hints, max_context=256)
   start = UOp.variable("start_pos", 0, 128).bind(64)
-  with kernel_settings(8): kernels = cuda_kernels(rt.model.blocks[-1].attn(Tensor.empty(1, 64, rt.cfg.dim).realize(), start))
+  with kernel_settings(8): kernels = cuda_kernels(rt.model.blocks[-1].attn(Tensor.empty(1, 64, rt.cfg.dim).realize(), start), reduces_only=True)
   assert sum("mma.sync" in src for src in kernels) == 6
