@@ -1,14 +1,21 @@
 """The pieces of the GPU measurements that run anywhere: the llama-bench peer, the journal's commit on a copied tree,
 the device check's save-and-compare, the gemv-against-copy record and plotting one device's records."""
+import functools
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 import numpy as np
 import pytest
+import experiments.matvec
 from experiments import device_check, journal, peer_llamacpp
+from experiments.bench import copy_bandwidth
 from experiments.matvec import MAX_COPIES, copies_at_size, default_copies, gemv_bandwidth
+from models.jit_cache import JitStore
+from quant.matvec_opts import kernel_settings
 from experiments.steady import Steady
 from experiments.plot import on_device
 from gguf import GGMLQuantizationType
@@ -69,7 +76,19 @@ def test_device_check_compares_against_a_saved_cpu_reference(tmp_path: Path, cap
   assert device_check.against(str(ref), "CPU")[0] is False
   assert "MISMATCH" in capsys.readouterr().out
 
-def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
+@pytest.fixture(scope="module")
+def copy_gb_s() -> float:
+  """The device's copy bandwidth, measured once for the module's gemv records."""
+  return copy_bandwidth()
+
+@pytest.fixture
+def kept_gemv(monkeypatch, programs: JitStore, copy_gb_s: float) -> None:
+  """gemv_bandwidth's kernels compiled under its settings as ever, their programs kept in the suite's store (and taken from
+  there where a run compiled them before), its large copy's bandwidth the module's measurement."""
+  monkeypatch.setattr(experiments.matvec, "kernel_settings", functools.partial(kernel_settings, programs=programs))
+  monkeypatch.setattr(experiments.matvec, "copy_bandwidth", lambda: copy_gb_s)
+
+def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth(kept_gemv: None):
   (r,) = gemv_bandwidth("Q4_0", 64, 256, copies=3, iters=2)
   m = r["metrics"]
   assert r["kind"] == "gemv" and r["model"] == "gemv Q4_0 64x256" and m["kernels"] == 3
@@ -81,7 +100,7 @@ def test_gemv_record_reads_every_copy_and_names_the_copy_bandwidth():
 
 @pytest.mark.parametrize("strategy", ["packed_words", "int8_dot"])
 @pytest.mark.parametrize("mixed,act", [(False, False), (False, True), (True, False)], ids=["gate-up", "gate-up-swiglu", "down-mixed"])
-def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixed: bool, act: bool, strategy: str):
+def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixed: bool, act: bool, strategy: str, kept_gemv: None):
   """An expert gemv reads K of each weight's N experts as a MoE does (QuantExperts, one kernel per weight, the SwiGLU of
   joined gate and up rows in it; under int8_dot x quantized once a replay, one kernel) and counts only their bytes;
   its output, every chosen expert's rows (or their activations, or their weighted sum) against float64 numpy on x as
@@ -95,7 +114,7 @@ def test_expert_gemv_reads_the_chosen_experts_and_checks_them_against_numpy(mixe
   with pytest.raises(ValueError, match="give experts N,K"): gemv_bandwidth("Q8_0", 64, 256, mixed=True)
   with pytest.raises(ValueError, match="not mixed experts"): gemv_bandwidth("Q8_0", 64, 256, experts=(8, 2), mixed=True, act=True)
 
-def test_int8_dot_gemv_quantizes_x_once_for_every_weight_and_checks_against_x_rounded():
+def test_int8_dot_gemv_quantizes_x_once_for_every_weight_and_checks_against_x_rounded(kept_gemv: None):
   """Under int8_dot x is quantized once a replay (one kernel) for all the weights, and the output is checked against
   the matmul of x rounded as ggml rounds it (against exact x its error would be ~1e-2 and flagged)."""
   (r,) = gemv_bandwidth("Q4_0", 64, 256, "int8_dot", copies=3, iters=2)
@@ -103,7 +122,6 @@ def test_int8_dot_gemv_quantizes_x_once_for_every_weight_and_checks_against_x_ro
   assert m["kernels"] == 3 + 1 and m["correct"] and m["rel_err"] < 1e-5 and r["switches"] == {"strategy": "int8_dot"}
 
 def test_copies_at_a_weights_size_count_each_copy_read_and_written(monkeypatch):
-  import experiments.matvec
   replays = []
   def fake_steady(step, *inputs, iters):
     replays.append(step(*inputs).realize().numpy())
@@ -123,8 +141,7 @@ def test_gemv_reads_a_gigabyte_by_default_so_that_a_replay_outlasts_the_host():
   # Mixtral's gate and up experts (8 of 28672x4096, 2 read): 2 GiB of experts made, a replay reads a quarter of them
   assert default_copies(GGMLQuantizationType.Q4_0, 28672, 4096, (8, 2)) == 4
 
-def test_gemv_flags_an_output_that_misses_numpy(monkeypatch):
-  import experiments.matvec
+def test_gemv_flags_an_output_that_misses_numpy(monkeypatch, kept_gemv: None):
   real = experiments.matvec.gguf_quants.dequantize
   monkeypatch.setattr(experiments.matvec.gguf_quants, "dequantize", lambda raw, t: -real(raw, t))
   (r,) = gemv_bandwidth("Q8_0", 64, 256, copies=1, iters=1)
@@ -135,10 +152,11 @@ def test_plot_keeps_one_devices_records():
   assert [r["n"] for r in on_device(records, "h100")] == [1]
   with pytest.raises(ValueError, match="no records on a device matching 'ROCm'"): on_device(records, "ROCm")
 
-def test_a_sweep_times_spans_for_packed_words_only(capsys, monkeypatch):
+def test_a_sweep_times_spans_for_packed_words_only(capsys, monkeypatch, copy_gb_s: float):
   """The span (a fourth size) splits packed_words blocks: a packed_dot sweep times each (T, B, R) once."""
   from tinyzoo.cli import main
   monkeypatch.setattr("profiles.device.PROFILES", Path("/nonexistent"))   # no device profile, whatever runs the test
+  monkeypatch.setattr(experiments.matvec, "copy_bandwidth", lambda: copy_gb_s)
   assert main(["matvec", "--shape", "64x256", "--type", "Q4_0", "--strategies", "packed_dot,packed_words", "--copies", "1", "--iters", "1",
                "--gpu-sizes", "16,4,4,1 16,4,4,2", "--no-journal"]) == 0
   lines = [l.split(":")[0] for l in capsys.readouterr().out.splitlines() if "GB/s" in l and "best" not in l]
@@ -223,8 +241,20 @@ def test_read_floor_refuses_a_wrong_matvec_and_a_missing_nvcc(monkeypatch):
   with pytest.raises(RuntimeError, match="needs CUDA's nvcc"): read_floor("Q4_0", 8192, 2048)
   with pytest.raises(ValueError, match="unknown GGML type"): read_floor("Q9_9", 8192, 2048)
 
+NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "CPLUS_INCLUDE_PATH")   # what else changes nvcc's input
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA's nvcc is not installed")
 def test_read_floor_source_compiles_for_hopper(tmp_path: Path):
+  """nvcc compiles experiments/read_floor.cu for sm_90, device and host code. A compile that succeeded is remembered in
+  the cache directory (as ccache would) under the sha256 of the source, the command, the environment nvcc reads and the
+  versions of nvcc and its host compiler: an unchanged source on an unchanged toolchain is not built again."""
   from experiments.read_floor import SOURCE
-  built = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-c", "-o", str(tmp_path / "read_floor.o"), str(SOURCE)], capture_output=True, text=True)
+  from ops.cache import cache_dir, write_whole
+  flags = ["nvcc", "-O3", "-arch=sm_90", "-c"]
+  tools = [(shutil.which(t), subprocess.run([t, "--version"], capture_output=True, text=True).stdout) for t in ("nvcc", "gcc", "g++")]
+  key = hashlib.sha256(repr((SOURCE.read_bytes(), flags, tools, [os.environ.get(v) for v in NVCC_ENV])).encode()).hexdigest()
+  compiled = cache_dir() / "nvcc" / f"read_floor-{key}.ok"
+  if compiled.exists(): return
+  built = subprocess.run([*flags, "-o", str(tmp_path / "read_floor.o"), str(SOURCE)], capture_output=True, text=True)
   assert built.returncode == 0, built.stderr
+  write_whole(compiled, " ".join(built.args) + "\n")

@@ -22,11 +22,12 @@ def tiny(tmp_path_factory) -> Path:
   return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
 
 SMALL = BenchConfig(depths=(4,), tokens=3, pp=6, warmup=1, peer=False)
-KEPT = dataclasses.replace(SMALL, kept_programs=True)   # programs from the cache directory: for tests that time no compile
+# programs from the cache directory and a given copy bandwidth: for tests that time no compile and read no memory floor
+KEPT = dataclasses.replace(SMALL, kept_programs=True, bandwidth=1.0)
 
 def test_profile_accounts_for_every_kernel(tiny: Path):
   (record,) = bench(tiny, "tiny", SMALL)
-  title, rows, note = profile_model(tiny, "tiny", SMALL, repeats=2)
+  title, rows, note = profile_model(tiny, "tiny", KEPT, repeats=2)   # the same kernels, their programs taken from the cache directory
   assert len(rows) == record["metrics"]["kernels_per_token"] == sum(record["metrics"]["kernel_categories"].values())
   assert {r.category for r in rows} <= set(CATEGORIES) and [r.index for r in rows] == list(range(len(rows)))
   blocks = [b["block"] for b in block_summary(rows)]
@@ -60,7 +61,7 @@ variants:
   - {name: ffn split, switches: {strategy: "packed_dot,ffn=split"}}
 """)
   path = tmp_path / "journal.jsonl"
-  records = named.run(named.find("iso", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True),
+  records = named.run(named.find("iso", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True, bandwidth=1.0),
                       on_record=lambda r: journal.append(r, path))
   assert journal.read(path) == json.loads(json.dumps(records, sort_keys=True))
   assert [(r["variant"], r["baseline"], r["experiment"]) for r in records] == [("full", True, "iso"), ("attention only", False, "iso"),
@@ -91,7 +92,7 @@ variants:
   - {{name: exact again, switches: {{rounding: exact, row_upcast: 0}}}}
   - {{name: ggml, switches: {{rounding: ggml}}}}
 """)
-  records = named.run(named.find("q", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True))
+  records = named.run(named.find("q", defs), lambda name: tiny, base=BenchConfig(peer=False, kept_programs=True, bandwidth=1.0))
   base, same, ggml = (r["quality"] for r in records)
   assert base["windows"] == same["windows"] == 3 and base["tokens"] == 3 * 7 and base["text"] == str(text) and "kl_mean" not in base
   assert same["kl_mean"] < 1e-6 and same["top1"] == 1 and same["perplexity"] == pytest.approx(base["perplexity"], rel=1e-4)
@@ -122,18 +123,21 @@ def test_codegen_switches_apply_to_each_run(tiny: Path):
   bench(tiny, "tiny", KEPT.with_switches(row_upcast=0))
   assert row_upcast_kernels() == 0
 
-def test_cli_profile_and_exp_errors(tiny: Path):
-  def tinyzoo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinyzoo", *args], capture_output=True, text=True, timeout=600)
-  r = tinyzoo("profile", str(tiny), "--prompt-tokens", "4", "--warmup", "1", "--repeats", "1", "--json")
+def test_cli_profile_and_exp_errors(tiny: Path, capsys):
+  """`tinyzoo profile --json` run as a command prints every kernel's row (its programs taken from the cache directory);
+  a bad experiment, variant or strategy is one line of error and exit status 1 (main's, run here: tests/test_cli.py
+  checks a process's)."""
+  from tinyzoo.cli import main
+  r = subprocess.run([sys.executable, "-m", "tinyzoo", "profile", str(tiny), "--prompt-tokens", "4", "--warmup", "1", "--repeats", "1",
+                      "--kept-programs", "--json"], capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr
   out = json.loads(r.stdout)
   assert out["kernels"] and {"name", "category", "block", "module", "us"} <= set(out["kernels"][0])
   for args, message in [(("exp", "show", "nope"), "no experiment named 'nope'"), (("exp", "run", "isolation", "--variant", "x", "--no-journal"),
                                                                                     "isolation has no variant 'x'"),
                         (("profile", str(tiny), "--strategy", "Q4_0=wrong"), "unknown matmul strategy 'wrong'")]:
-    r = tinyzoo(*args)
-    assert r.returncode == 1 and r.stderr.startswith("tinyzoo: error:") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    code, err = main(list(args)), capsys.readouterr().err
+    assert code == 1 and err.startswith("tinyzoo: error:") and message in err and len(err.strip().splitlines()) == 1, err
 
 FAKE_NCU = '''#!/usr/bin/env python3
 """Stands in for Nsight Compute: runs the profiled command (on the CPU, so outside a profiler range) and writes one
@@ -159,7 +163,7 @@ def test_profile_ncu_reads_device_times(tiny: Path, tmp_path: Path):
   fake = tmp_path / "ncu"
   fake.write_text(FAKE_NCU)
   fake.chmod(0o755)
-  title, rows, note = ncu_kernel_times([str(tiny), "--prompt-tokens", "4", "--warmup", "1"], ncu=str(fake))
+  title, rows, note = ncu_kernel_times([str(tiny), "--prompt-tokens", "4", "--warmup", "1", "--kept-programs"], ncu=str(fake))
   assert rows and [r.us for r in rows] == [pytest.approx(1.0 + r.index * 1e-3) for r in rows]
   assert "Nsight Compute" in note and "one decode step" in title
   with pytest.raises(RuntimeError, match="needs Nsight Compute"): ncu_kernel_times([str(tiny)], ncu=str(tmp_path / "missing"))
