@@ -13,6 +13,7 @@ from models.runtime import Runtime
 from profiles.hints import resolve
 from tests.models.numpy_reference import forward
 from tests.test_cli import tinyzoo
+from tinyzoo.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -34,7 +35,9 @@ def test_perplexity_equals_a_float64_forward_pass_over_the_windows(rng: np.rando
   ctx, vocab = 12, min(20000, rt.cfg.vocab_size)
   w = windows(rng.integers(10, vocab, size=2 * ctx + 5).tolist(), ctx, None, bos=rt.tokenizer.bos_id)
   q = measure(rt.logprobs, w)   # a window is a whole chunk and a padded one
-  nll = [-log_softmax64(forward(rt.gguf, w.window(i)[:j + 1]))[w.window(i)[j + 1]] for i in range(w.count) for j in range(w.first, ctx - 1)]
+  # each window's float64 logits at its scored positions (all but its last) from one pass
+  nll = [-log_softmax64(row)[target] for i in range(w.count)
+         for row, target in zip(forward(rt.gguf, w.window(i)[:ctx - 1], w.first), w.window(i)[w.first + 1:])]
   assert q.tokens == len(nll) == 2 * 5
   # a random model's logits are large (perplexity near 1e8): its mean log-probability to float32's accuracy over the blocks
   assert math.log(q.perplexity) == pytest.approx(np.mean(nll), rel=1e-3)
@@ -96,30 +99,33 @@ def test_an_interrupted_save_leaves_nothing(tmp_path: Path, rng: np.random.Gener
   with pytest.raises(KeyboardInterrupt): measure(failing, w, save=BaseWriter(path, w, 40, "m.gguf"))
   assert path.read_bytes() == b"an earlier file" and sorted(p.name for p in tmp_path.iterdir()) == ["base.logp"]
 
-def test_bad_text_gets_one_line_and_status_1(tmp_path: Path):
+def test_bad_text_gets_one_line_and_status_1(tmp_path: Path, capsys):
+  """Too short, not UTF-8, unreadable, too small a --ctx: one line on stderr and status 1, through the command line's
+  main in this process (a process apiece would spend most of its time starting)."""
   short, binary = tmp_path / "short.txt", tmp_path / "binary.txt"
   short.write_text("a few words only")
   binary.write_bytes(b"caf\xe9 au lait " * 200)
   for args, message in (((str(short),), "needs at least 1024 (two windows)"), ((str(binary),), "not UTF-8 text"),
                         ((str(tmp_path / "absent.txt"),), "cannot read it"), ((str(short), "--ctx", "2"), "--ctx must be at least 4")):
-    r = tinyzoo("perplexity", "llama3.2-1b-tiny", "-f", *args, "--no-cache")
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    code, err = main(["perplexity", "llama3.2-1b-tiny", "-f", *args, "--no-cache"]), capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and message in err, err
 
-def test_cli_compares_with_a_model_file_and_with_a_saved_base(tmp_path: Path):
+def test_cli_compares_with_a_model_file_and_with_a_saved_base(tmp_path: Path, capsys):
   """The same model as its own base, run beside it or saved by an earlier run: no divergence, the same perplexity; a
-  saved base of another --ctx is refused in one line."""
+  saved base of another --ctx is refused in one line (through main in this process, as bad text is). The runs keep
+  their JITs, programs and schedules in the cache directory, as the real models' runs do, for the suite's next run."""
   text, saved = tmp_path / "text.txt", tmp_path / "base.logprobs"
   text.write_text("The quick brown fox jumps over the lazy dog near the river bank. " * 20)
   common = ("perplexity", "llama3.2-1b-tiny", "-f", str(text), "--chunks", "3", "--json", "--rounding", "exact")
-  runs = [tinyzoo(*common, "--ctx", "16", *extra, cache=tmp_path / "jits") for extra in
+  runs = [tinyzoo(*common, "--ctx", "16", *extra) for extra in
           (("--kl-divergence", "llama3.2-1b-tiny"), ("--save-base", str(saved)), ("--kl-divergence", str(saved)))]
   assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
   beside, alone, against = (json.loads(r.stdout) for r in runs)
   assert "kl_mean" not in alone and alone["windows"] == 3 and saved.stat().st_size > 3 * 7 * 4 * 100
   for r in (beside, against):
     assert r["kl_mean"] == pytest.approx(0, abs=1e-9) and r["top1"] == 1 and r["perplexity"] == pytest.approx(alone["perplexity"], rel=1e-6)
-  wrong = tinyzoo(*common, "--ctx", "8", "--kl-divergence", str(saved), cache=tmp_path / "jits")
-  assert wrong.returncode == 1 and "the base was computed with --ctx 16, this run uses 8" in wrong.stderr and wrong.stderr.count("\n") == 1
+  code, err = main([*common, "--ctx", "8", "--kl-divergence", str(saved)]), capsys.readouterr().err
+  assert code == 1 and "the base was computed with --ctx 16, this run uses 8" in err and err.count("\n") == 1
 
 def llama_cpp_perplexity(llama_cpp, model: Path, text: Path, ctx: int, chunks: int) -> tuple[float, int]:
   """llama-perplexity's figure computed through llama-cpp-python, with the fixtures' settings (fp32 KV cache, flash

@@ -1,15 +1,19 @@
 """An independent float64 numpy forward pass of the dense architectures, weights dequantized by gguf.quants."""
 import functools
+import math
 import os
 import numpy as np
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, quants
 from quant.gguf_file import GGUFFile
 
 def _weight(g: GGUFFile, name: str) -> np.ndarray:
   kept = _kept(g.path, os.stat(g.path).st_mtime_ns)
   if name not in kept:
     t = g.tensors[name]
-    kept[name] = quants.dequantize(g.raw(name).reshape(*t.shape[:-1], -1), t.ggml_type).reshape(t.shape)
+    # gguf.quants dequantizes 16 of the array's rows a call: rows of up to 4096 blocks each, however short the tensor's
+    # rows, make its calls few (a block dequantizes alone, so the values are the same)
+    raw, size = g.raw(name).reshape(-1), GGML_QUANT_SIZES[t.ggml_type][1]
+    kept[name] = quants.dequantize(raw.reshape(-1, math.gcd(raw.size // size, 4096) * size), t.ggml_type).reshape(t.shape)
   return kept[name].astype(np.float64)
 
 @functools.lru_cache(maxsize=1)
@@ -25,8 +29,9 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, interleaved: bool) -> np.
   ra, rb = a * np.cos(theta) - b * np.sin(theta), b * np.cos(theta) + a * np.sin(theta)
   return np.stack([ra, rb], -1).reshape(x.shape) if interleaved else np.concatenate([ra, rb], -1)
 
-def forward(g: GGUFFile, ids: list[int]) -> np.ndarray:
-  """Logits at the last position of `ids`, for llama, gemma3 and qwen3 GGUFs."""
+def forward(g: GGUFFile, ids: list[int], first: int | None = None) -> np.ndarray:
+  """Logits at the last position of `ids`, or with `first` at each position from `first` on ([len(ids) - first, vocab]:
+  attention is causal, so position j's are those of ids[:j + 1] at its last), for llama, gemma3 and qwen3 GGUFs."""
   arch = g.architecture
   m = lambda key, default=None: g.get(f"{arch}.{key}", default)
   dim, heads, kv_heads, eps = m("embedding_length"), m("attention.head_count"), m("attention.head_count_kv"), m("attention.layer_norm_rms_epsilon")
@@ -58,4 +63,4 @@ def forward(g: GGUFFile, ids: list[int]) -> np.ndarray:
     act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))) if gemma else gate / (1 + np.exp(-gate))
     o = (act * up) @ W(p + "ffn_down.weight").T
     x = x + (rms(o, W(p + "post_ffw_norm.weight")) if gemma else o)
-  return embed @ rms(x[-1], W("output_norm.weight"))
+  return embed @ rms(x[-1], W("output_norm.weight")) if first is None else rms(x[first:], W("output_norm.weight")) @ embed.T
