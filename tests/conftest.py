@@ -1,10 +1,14 @@
 import os
+# The suite runs a worker a core: numpy's BLAS on one thread in it and in the processes its tests start, since a second
+# thread would spin on the core the other worker needs (it multiplied the CPU time of the float64 references).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from pathlib import Path
 from typing import Callable, Iterator
 import numpy as np
 import pytest
 from models.jit_cache import PROGRAM_SUFFIX, SCHEDULE_SUFFIX, JitStore
 from ops import patches
+from profiles.device import select_device
 
 @pytest.fixture
 def seed() -> int:
@@ -20,7 +24,9 @@ def rng(seed: int) -> np.random.Generator: return np.random.default_rng(seed)
 patches.install()
 # The suite's compile cache: kernels compiled outside a runtime are kept in the cache directory's store, as a runtime's
 # are, so that the other worker and later runs of the suite take them instead of compiling them. The store names its
-# device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use.
+# device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use. The
+# device is the one kept for this machine (select_device), as in the command line, rather than tinygrad trying each.
+select_device()
 STORE = JitStore()
 STORE.device
 patches.keep_programs(STORE)
