@@ -1,3 +1,4 @@
+import contextlib
 import os
 # The suite runs a worker a core: numpy's BLAS on one thread in it and in the processes its tests start, since a second
 # thread would spin on the core the other worker needs (it multiplied the CPU time of the float64 references).
@@ -50,13 +51,18 @@ def linked_store(tmp_path: Path) -> Iterator[JitStore]:
   """A store of the test's own in `tmp_path/jits`, holding no JIT, that starts with links to the suite's compiled programs
   and schedules (so that a capture in it compiles and schedules only what no run of the suite did) and gives those it
   made back to the suite's store for its next run."""
-  yield (store := linked_to_suite(tmp_path / "jits"))
-  give_back(store)
+  with linked(tmp_path / "jits") as store: yield store
 
-@pytest.fixture
-def suite_links() -> Callable[..., JitStore]:
-  """linked_to_suite, for a test module that may not import this one (its processes would install what it installs)."""
-  return linked_to_suite
+@pytest.fixture(scope="session")
+def suite_links() -> Callable[..., contextlib.AbstractContextManager[JitStore]]:
+  """`linked`, for a test module that may not import this one (its processes would install what it installs)."""
+  return linked
+
+@contextlib.contextmanager
+def linked(root: Path, suffixes: tuple[str, ...] = (PROGRAM_SUFFIX, SCHEDULE_SUFFIX)) -> Iterator[JitStore]:
+  """linked_to_suite(root, suffixes), whose programs and schedules made while in use are given back to the suite's store."""
+  yield (store := linked_to_suite(root, suffixes))
+  give_back(store)
 
 def linked_to_suite(root: Path, suffixes: tuple[str, ...] = (PROGRAM_SUFFIX, SCHEDULE_SUFFIX)) -> JitStore:
   """A new store in `root` holding links to the suite's entries of the kinds `suffixes` names."""

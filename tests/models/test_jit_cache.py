@@ -288,23 +288,23 @@ def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Pat
   JITs not kept, as after a change to tinyzoo's source) takes every schedule from the store, schedules nothing and
   gives the same tokens; a damaged schedule (every third) is made again, and only it. Each run is a process of its own:
   tinygrad remembers what it scheduled in the process. The store starts with links to the suite's compiled programs
-  (none of its schedules)."""
-  store = suite_links(tmp_path / "jits", (PROGRAM_SUFFIX,))
-  def capture() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", CAPTURE_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.splitlines()[-1])
-  first = capture()
-  kept = schedules(store)
-  assert first["scheduled"] == len(kept) > 0 and first["notes"] == []
-  assert capture() == {**first, "scheduled": 0}
-  damaged = kept[::3]
-  for p in damaged: damage(p, "garbage")
-  again = capture()
-  assert again["scheduled"] == len(again["notes"]) == len(damaged) and again["tokens"] == first["tokens"]
-  assert all("scheduling it again" in n for n in again["notes"]), again["notes"]
+  (none of its schedules) and gives what it made back to the suite's store."""
+  with suite_links(tmp_path / "jits", (PROGRAM_SUFFIX,)) as store:
+    def capture() -> dict:
+      env = {**os.environ, "PYTHONPATH": str(ROOT)}
+      r = subprocess.run([sys.executable, "-c", CAPTURE_RUN, str(model), str(store.root)], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=600)
+      assert r.returncode == 0, r.stderr[-3000:]
+      return json.loads(r.stdout.splitlines()[-1])
+    first = capture()
+    kept = schedules(store)
+    assert first["scheduled"] == len(kept) > 0 and first["notes"] == []
+    assert capture() == {**first, "scheduled": 0}
+    damaged = kept[::3]
+    for p in damaged: damage(p, "garbage")
+    again = capture()
+    assert again["scheduled"] == len(again["notes"]) == len(damaged) and again["tokens"] == first["tokens"]
+    assert all("scheduling it again" in n for n in again["notes"]), again["notes"]
 
 def test_the_compile_sources_import_no_other_tinyzoo_module():
   """What a file of COMPILE_SOURCES imports from tinyzoo (at its top or inside a function) is in COMPILE_SOURCES too, so
@@ -316,16 +316,10 @@ ARCH_PRESETS = {"models.llama": "smollm2-135m-tiny", "models.gemma3": "gemma3-27
                 "models.mixtral": "mixtral-8x7b-tiny", "models.gpt_oss": "gpt-oss-20b-tiny", "models.deepseek2": "deepseek-v2-lite-tiny"}
 
 @pytest.fixture(scope="module")
-def captures(tmp_path_factory) -> Iterator[JitStore]:
-  """conftest's linked_store made once for the module's captures (linking the suite's entries takes seconds): links to
-  the suite's programs and schedules, and those it made linked back into the suite's store at the end. Each
+def captures(tmp_path_factory, suite_links) -> Iterator[JitStore]:
+  """A linked store made once for the module's captures (linking the suite's entries takes seconds). Each
   architecture's JITs have keys of their own: a capture finds none of another's."""
-  suite, store = JitStore(), JitStore(tmp_path_factory.mktemp("captures"))
-  kinds = [f"*{suffix}" for suffix in (PROGRAM_SUFFIX, SCHEDULE_SUFFIX)]
-  for p in (p for kind in kinds for p in suite.root.glob(kind)): (store.root / p.name).symlink_to(p)
-  yield store
-  for p in (p for kind in kinds for p in store.root.glob(kind)):
-    if not p.is_symlink() and not (suite.root / p.name).exists(): os.link(p, suite.root / p.name)
+  with suite_links(tmp_path_factory.mktemp("captures") / "jits") as store: yield store
 
 @pytest.mark.parametrize("arch", ARCH_PRESETS)
 def test_a_jits_key_hashes_the_tinyzoo_source_its_capture_runs(arch: str, captures: JitStore):
