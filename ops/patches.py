@@ -29,6 +29,9 @@ modules (its files are not touched):
   one after another, as tinygrad's would with no compile workers.
 - Schedules: tinygrad's cache of the schedules of the functions it realizes (a model's blocks) takes from, and keeps in,
   the store where compiled programs are kept, so that a later process schedules only what no run scheduled before.
+- Graph estimates: a JIT graph's estimates of its operations and bytes (the sum over its kernels, simplified) are
+  worked out when first read, for the statistics of a replay through run_linear, where tinygrad works them out as it
+  builds the graph: at a real model's first replays, seconds of simplifying sums that a CPU replay never reads.
 - `replays_through(run)`: while in force, JIT replays run through `run` (a per-kernel profile's timing).
 - `capturing_jit(fxn)`: a TinyJit that captures its first call, where tinygrad's runs a first call plainly and captures
   the second.
@@ -205,6 +208,18 @@ def _threaded_call(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), val
   cpu_threads.fork_join(self.addr, global_size[0], slot, args)
   return time.perf_counter() - start if wait else None
 
+class _GraphEstimates:
+  """GraphRunner.estimates, worked out on first read: what GraphRunner's __init__ assigns (summed from jit.estimate_uop,
+  which install() makes give none) is dropped."""
+  def __get__(self, graph: Any, owner: type | None = None) -> Any:
+    if graph is None: return self
+    if (estimates := graph.__dict__.get("_estimates")) is None:
+      from tinygrad.renderer import Estimates
+      graph._estimates = estimates = sum((_originals["estimate_uop"](call) for call in graph.linear.src), Estimates()).simplify()
+    return estimates
+
+  def __set__(self, graph: Any, value: Any) -> None: pass
+
 def _with_graph(init: Callable) -> Callable:
   def __init__(self, *args, **kwargs):
     init(self, *args, **kwargs)
@@ -300,9 +315,12 @@ def install() -> None:
   codegen.devectorizer2 = codegen.devectorizer2 + dp4a.PER_LANE
   codegen.ew_devectorizer = codegen.ew_devectorizer + dp4a.PER_LANE
   import tinygrad.engine.jit as jit
-  _originals.update(jit_inputs=jit._prepare_jit_inputs, run_linear=jit.run_linear)
+  from tinygrad.renderer import Estimates
+  _originals.update(jit_inputs=jit._prepare_jit_inputs, run_linear=jit.run_linear, estimate_uop=jit.estimate_uop)
   jit._prepare_jit_inputs = _remembered_jit_inputs
   jit.run_linear = _replay
+  jit.estimate_uop = lambda call: Estimates()   # read by GraphRunner's __init__ alone
+  jit.GraphRunner.estimates = _GraphEstimates()   # type: ignore[attr-defined]
   realize.lower_and_compile = _lower_and_compile
   import tinygrad.schedule as schedule
   schedule.schedule_cache = _Schedules(schedule.schedule_cache)

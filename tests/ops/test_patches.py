@@ -152,6 +152,27 @@ def test_a_cpu_replay_runs_its_batches_itself_and_counts_their_kernels(rng, monk
     with Context(DEBUG=2): call()
     assert through[-1] is True
 
+def test_a_graphs_estimates_are_worked_out_when_first_read(rng):
+  """A CPU graph batch is built without its kernels' estimates; read (as a replay through run_linear reads them for its
+  statistics), they are tinygrad's: the sum over its calls, which tinygrad's GraphRunner works out as it is built."""
+  from tinygrad.engine.realize import get_graph_runtime
+  from tinygrad.helpers import Context, GlobalCounters
+  from tinygrad.renderer import Estimates
+  from tinygrad.uop.ops import Ops
+  from ops.cpu_threads import CPUGraph
+  w = Tensor(rng.standard_normal((16, 8)).astype(np.float32)).realize()
+  step = TinyJit(lambda x: ((x @ w).relu().contiguous() * 2).sum(axis=1).realize())
+  with Context(JIT_BATCH_SIZE=0):
+    for _ in range(3): step(Tensor(rng.standard_normal((4, 16)).astype(np.float32)).realize())
+  (batch,) = [c.src[0] for c in step.captured.linear.src if c.src[0].op is Ops.CUSTOM_FUNCTION]
+  graph = get_graph_runtime(batch)
+  assert isinstance(graph, CPUGraph) and "_estimates" not in vars(graph)
+  want = sum((patches._originals["estimate_uop"](c) for c in graph.linear.src), Estimates()).simplify()
+  assert graph.estimates == want and want.ops > 0 and want.mem > 0 and vars(graph)["_estimates"] is graph.estimates
+  before = GlobalCounters.global_ops
+  with Context(DEBUG=2): step(Tensor(rng.standard_normal((4, 16)).astype(np.float32)).realize())   # through run_linear
+  assert GlobalCounters.global_ops - before == want.ops
+
 def test_a_captured_kernel_shared_by_calls_gets_its_program_put_in_once(rng, monkeypatch):
   """A capture whose calls repeat one kernel on other buffers (as a model's blocks do): each call runs its program on
   its own buffers, and the program goes into the kernel's source once, not once a call."""
