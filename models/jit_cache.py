@@ -48,7 +48,7 @@ TRIM_EVERY = 64   # programs and schedules written between checks of the store's
 
 class NotCacheable(ValueError): pass
 
-def total_bytes(entries: list[tuple[Path, int, float]]) -> int:
+def total_bytes(entries: list[tuple[Any, int, float]]) -> int:
   """The bytes of entries as JitStore.entries lists them."""
   return sum(size for _, size, _ in entries)
 
@@ -286,24 +286,32 @@ class JitStore:
     self.unchecked += 1
     if self.unchecked >= TRIM_EVERY: self.trim()
 
-  def entries(self, suffixes: tuple[str, ...] = SUFFIXES) -> list[tuple[Path, int, float]]:
-    """(path, bytes, last use) of each entry (of the kinds named by `suffixes`), least recently used first."""
-    if not self.root.is_dir(): return []
+  def _listing(self, suffixes: tuple[str, ...] = SUFFIXES) -> list[tuple[str, int, float]]:
+    """entries() with each path a string: one pass over the directory, made on every JIT kept."""
+    try: listing = os.scandir(self.root)
+    except (FileNotFoundError, NotADirectoryError): return []
     found = []
-    for p in (p for suffix in suffixes for p in self.root.glob(f"*{suffix}")):
-      try: st = p.stat()
-      except FileNotFoundError: continue   # removed by another run meanwhile
-      found.append((p, st.st_size, st.st_mtime))
+    with listing:
+      for entry in listing:
+        if not entry.name.endswith(suffixes): continue
+        try: st = entry.stat()
+        except FileNotFoundError: continue   # removed by another run meanwhile
+        found.append((entry.path, st.st_size, st.st_mtime))
     return sorted(found, key=lambda e: e[2])
 
-  def size(self) -> int: return total_bytes(self.entries())
+  def entries(self, suffixes: tuple[str, ...] = SUFFIXES) -> list[tuple[Path, int, float]]:
+    """(path, bytes, last use) of each entry (of the kinds named by `suffixes`), least recently used first."""
+    return [(Path(path), size, used) for path, size, used in self._listing(suffixes)]
+
+  def size(self) -> int: return total_bytes(self._listing())
 
   def trim(self) -> None:
-    self.unchecked, entries = 0, self.entries()
+    self.unchecked, entries = 0, self._listing()
     total = total_bytes(entries)
     for path, size, _ in entries[:-1]:   # the newest stays, even alone over the limit
       if total <= self.limit: break
-      try: path.unlink(missing_ok=True)
+      try: os.unlink(path)
+      except FileNotFoundError: pass   # removed by another run meanwhile
       except OSError: continue   # one it may not remove stays, and counts
       total -= size
 
