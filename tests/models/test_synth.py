@@ -33,6 +33,7 @@ from models.spec import MetadataView
 from ops.routing import Gating
 from models.tokenizer import Tokenizer
 from models.tokenizers.vocab import TokenType
+from quant.files import file_sha256
 from quant.gguf_file import GGUFFile
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "synth_llama_cpp.json").read_text(encoding="utf-8"))["presets"]
@@ -296,7 +297,7 @@ def test_a_presets_digest_follows_what_decides_its_bytes(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("name", DENSE)
 def test_agrees_with_llama_cpp(name: str, synthesized):
   want, path = FIXTURES[name], synthesized(name)
-  assert sha256(path) == want["sha256"], "the file is not the one the fixture was made from: rerun make_synth_fixtures.py"
+  assert file_sha256(path) == want["sha256"], "the file is not the one the fixture was made from: rerun make_synth_fixtures.py"
   tok = Tokenizer.from_gguf(GGUFFile(path))
   for case in want["tokenized"]:
     assert tok.encode(case["text"]) == case["ids"] and tok.encode(case["text"], parse_special=True) == case["ids_special"], case["text"]
