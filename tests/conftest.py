@@ -1,4 +1,5 @@
 import contextlib
+import errno
 import os
 # The suite runs a worker a core: numpy's BLAS on one thread in it and in the processes its tests start, since a second
 # thread would spin on the core the other worker needs (it multiplied the CPU time of the float64 references).
@@ -65,9 +66,18 @@ def linked(root: Path, suffixes: tuple[str, ...] = (PROGRAM_SUFFIX, SCHEDULE_SUF
   give_back(store)
 
 def linked_to_suite(root: Path, suffixes: tuple[str, ...] = (PROGRAM_SUFFIX, SCHEDULE_SUFFIX)) -> JitStore:
-  """A new store in `root` holding links to the suite's entries of the kinds `suffixes` names."""
+  """A new store in `root` holding links to the suite's entries of the kinds `suffixes` names: hard links (a directory
+  entry each, where a symbolic link is a file of its own, far slower to make and to remove by the thousand), symbolic
+  ones where `root` is on another file system than the suite's store."""
   root.mkdir()
-  for p in (p for suffix in suffixes for p in STORE.root.glob(f"*{suffix}")): (root / p.name).symlink_to(p)
+  link = os.link
+  for name in [e.name for e in os.scandir(STORE.root) if e.name.endswith(suffixes)]:
+    try: link(STORE.root / name, root / name)
+    except FileNotFoundError: continue   # removed meanwhile by the other worker's store
+    except OSError as e:
+      if e.errno != errno.EXDEV or link is os.symlink: raise
+      link = os.symlink
+      link(STORE.root / name, root / name)
   return JitStore(root)
 
 def give_back(store: JitStore) -> None:
