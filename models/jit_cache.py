@@ -12,16 +12,19 @@ that a change to another architecture, the command line or the lab keeps it), an
 sampler). The buffers a JIT reads from its model's state (weights, caches, rope tables, the host slots) are not written
 into it: each is named by its path in the objects that hold it and bound to the loading run's buffer of that name.
 Buffers the JIT writes (its arena) are written as sizes and allocated afresh; any other buffer it reads (a constant
-realized in capture) is written whole, up to MAX_OTHER_BYTES. A program is kept under tinygrad's key of it (its graph,
-renderer and compile settings) with tinyzoo's kernel settings, the device's name, tinygrad's version and settings, and
-only the tinyzoo source that runs while a kernel compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its
-compiled programs usable. A schedule is kept under tinygrad's key of the function it schedules (its graph, the buffers
-in it made parameters), with the same settings and source (no tinyzoo code runs while tinygrad schedules); it names no
-buffer of the run. A file is a magic line, the payload's sha256 and the payload, written to a temporary file and renamed
-into place (two runs at once each leave a whole entry); one that fails any check is deleted and made again, and one that
-cannot be read or written is made and not kept. The directory is kept under its limit by removing the entries least
-recently used, whenever a JIT is kept and after every TRIM_EVERY programs and schedules."""
+realized in capture) is written whole, up to MAX_OTHER_BYTES. Each compiled program in it is pickled on its own, under
+its digest: a process that loads JITs holding the same program (a model run again, under another hint) makes it once.
+A program is kept under tinygrad's key of it (its graph, renderer and compile settings) with tinyzoo's kernel
+settings, the device's name, tinygrad's version and settings, and only the tinyzoo source that runs while a kernel
+compiles (COMPILE_SOURCES): a change elsewhere in tinyzoo leaves its compiled programs usable. A schedule is kept
+under tinygrad's key of the function it schedules (its graph, the buffers in it made parameters), with the same
+settings and source (no tinyzoo code runs while tinygrad schedules); it names no buffer of the run. A file is a magic
+line, the payload's sha256 and the payload, written to a temporary file and renamed into place (two runs at once each
+leave a whole entry); one that fails any check is deleted and made again, and one that cannot be read or written is
+made and not kept. The directory is kept under its limit by removing the entries least recently used, whenever a JIT
+is kept and after every TRIM_EVERY programs and schedules."""
 import ast
+import collections
 import contextlib
 import functools
 import hashlib
@@ -45,6 +48,7 @@ PACKAGES = ("models", "ops", "quant", "profiles", "tinyzoo")
 JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX = ".jit", ".prg", ".sch"
 SUFFIXES = (JIT_SUFFIX, PROGRAM_SUFFIX, SCHEDULE_SUFFIX)   # the kinds of entry a store holds
 TRIM_EVERY = 64   # programs and schedules written between checks of the store's size (each lists the directory)
+PROGRAMS_KEPT = 2048   # compiled programs a process keeps from the JITs it loaded, for the next JIT that holds them
 
 class NotCacheable(ValueError): pass
 
@@ -143,6 +147,7 @@ class _Writer(pickle.Pickler):
       if (u := _buffer_uop(t)) is not None: self.uops.setdefault(u, name)
     self.bufs = {u.buffer: name for u, name in self.uops.items()}
     self.written = written
+    self.programs: dict[UOp, tuple] = {}
 
   def reducer_override(self, obj: Any):
     """A captured JIT goes with the buffers it writes, which it would otherwise work out from every call again at its
@@ -151,6 +156,11 @@ class _Writer(pickle.Pickler):
     return _captured, (obj.ret, obj._linear, obj.expected_names, obj.expected_input_info, obj._written_uops)
 
   def persistent_id(self, obj: Any):
+    if isinstance(obj, UOp) and obj.op is Ops.PROGRAM:
+      if (pid := self.programs.get(obj)) is None:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self.programs[obj] = pid = ("program", hashlib.sha256(payload).digest(), payload)
+      return pid
     if isinstance(obj, UOp) and obj.op is Ops.BUFFER and obj in buffers:   # a device buffer (not a kernel's registers)
       if obj in self.uops: return ("state-uop", self.uops[obj])
       return ("uop", id(obj), obj.device, obj.buffer.size, obj.dtype, obj.buffer)
@@ -165,6 +175,20 @@ def _captured(ret, linear: UOp, names: list, inputs: list, written: set[UOp]) ->
   jit.__dict__["_written_uops"] = written   # its cached_property's value
   return jit
 
+# the compiled programs of the JITs loaded in this process, by the digest of each one's pickle, least recently used first
+_programs: collections.OrderedDict[bytes, UOp] = collections.OrderedDict()
+
+def _program(digest: bytes, payload: bytes) -> UOp:
+  """A JIT's compiled program: the one a JIT loaded before in this process took, where one did (its graph is not made
+  again, nor its key worked out again when a graph looks its runtime up), else unpickled from `payload`."""
+  if (prg := _programs.get(digest)) is not None:
+    _programs.move_to_end(digest)
+    return prg
+  if not isinstance(prg := pickle.loads(payload), UOp) or prg.op is not Ops.PROGRAM: raise pickle.UnpicklingError("not a compiled program")
+  _programs[digest] = prg
+  if len(_programs) > PROGRAMS_KEPT: _programs.popitem(last=False)
+  return prg
+
 class _Reader(pickle.Unpickler):
   def __init__(self, f, state: dict[str, Tensor]):
     super().__init__(f)
@@ -172,6 +196,7 @@ class _Reader(pickle.Unpickler):
 
   def persistent_load(self, pid):
     kind, rest = pid[0], pid[1:]
+    if kind == "program": return _program(*rest)
     if kind in ("state", "state-uop"):   # realized here if it is not yet (a weight copied from the file when first read)
       if (t := self.state.get(rest[0])) is None or (u := _buffer_uop(t.realize())) is None:
         raise pickle.UnpicklingError(f"no state buffer {rest[0]!r} in this run")

@@ -122,6 +122,31 @@ def test_a_later_run_takes_every_jit_and_compiles_nothing(model: Path, first_run
   later = json.loads(r.stdout.splitlines()[-1])
   assert later == {"cached": sorted(set(ALL_JITS)), "tokens": tokens}
 
+def test_a_process_unpickles_each_program_of_its_jits_once(model: Path, first_run, tmp_path: Path, monkeypatch):
+  """The four JITs a runtime takes from the store unpickle each program they hold once (one in two JITs too); a second
+  runtime that takes them again (the first one gone) unpickles none and runs the programs the first one made, to the
+  same tokens."""
+  import gc
+  import pickle
+  from models import jit_cache
+  from models.runtime import JIT_NAMES
+  from ops.kernels import jit_programs
+  store, tokens = stored(first_run, tmp_path)
+  unpickled, loads = [], pickle.loads
+  monkeypatch.setattr(jit_cache.pickle, "loads", lambda data: unpickled.append(loads(data)) or unpickled[-1])
+  monkeypatch.setattr(jit_cache, "_programs", type(jit_cache._programs)())
+  def programs_run(rt: Runtime) -> list:
+    return [prg for name in JIT_NAMES for prg in jit_programs(getattr(rt, f"_{name}"))]
+  rt, first = generate(model, store)
+  made = programs_run(rt)
+  assert first == tokens and rt.cached == set(ALL_JITS) and len(made) > 10
+  assert len({id(p) for p in unpickled}) == len(unpickled) and {id(p) for p in made} <= {id(p) for p in unpickled}
+  del rt
+  gc.collect()
+  unpickled.clear()
+  rt, again = generate(model, store)
+  assert again == tokens and rt.cached == set(ALL_JITS) and unpickled == [] and all(a is b for a, b in zip(programs_run(rt), made, strict=True))
+
 def test_sampled_tokens_are_the_same_from_the_store(model: Path, tmp_path: Path, seed: int):
   """Sampling at a temperature with a repeat penalty (the sampler's JIT reads its draws and recent tokens from slots of
   its own): the same seed gives the same tokens without the store, capturing into it and taking everything from it."""
