@@ -79,17 +79,44 @@ def tinyzoo_imports(source: str) -> set[str]:
 
 # the file that names every architecture: a model's JITs depend on its own architecture's module, not on the others
 REGISTRY = "models/registry.py"
+IMPORTS_FILE = "imports.json"   # in the cache directory: tinyzoo_imports of each source file, by its digest
+IMPORTS_KEPT = 1024             # entries of it at most; past that it starts again empty
+
+class KeptImports:
+  """tinyzoo_imports of each source file by the sha256 of its path and text, kept in the cache directory for the files
+  tinyzoo's packages hold now (a module added or removed turns an imported name from an attribute into a module or
+  back): a run takes each unchanged file's from there instead of parsing it again."""
+  def __init__(self):
+    self.path, self.changed = cache_dir() / IMPORTS_FILE, False
+    self.files = sorted(str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+    try:
+      kept = json.loads(self.path.read_text())
+      self.imports: dict[str, list[str]] = kept["imports"] if kept["files"] == self.files and isinstance(kept["imports"], dict) else {}
+    except (OSError, ValueError, KeyError, TypeError): self.imports = {}   # none yet, or unreadable: worked out again
+
+  def __call__(self, source: str) -> list[str]:
+    digest = hashlib.sha256(source.encode() + b"\0" + (ROOT / source).read_bytes()).hexdigest()
+    if not isinstance(found := self.imports.get(digest), list):
+      if len(self.imports) >= IMPORTS_KEPT: self.imports = {}
+      self.imports[digest], self.changed = (found := sorted(tinyzoo_imports(source))), True
+    return found
+
+  def keep(self) -> None:
+    """Writes the entries worked out in this run, where any was (a cache directory that takes no file keeps none)."""
+    if self.changed:
+      with contextlib.suppress(OSError): write_whole(self.path, json.dumps({"files": self.files, "imports": self.imports}))
 
 @functools.cache
 def capture_sources(arch: str) -> tuple[str, ...]:
   """The tinyzoo source that the captured JITs of a model whose architecture is the module `arch` depend on: the files
   that models/runtime.py and that module import, and those they import in turn (but the other architectures, which the
   registry imports), with the packages they are in."""
-  todo, seen = ["models/runtime.py", module_file(arch)], set()
+  todo, seen, imports = ["models/runtime.py", module_file(arch)], set(), KeptImports()
   while todo:
     if (source := todo.pop()) in seen: continue
     seen.add(source)
-    if source != REGISTRY: todo += tinyzoo_imports(source)
+    if source != REGISTRY: todo += imports(source)
+  imports.keep()
   packages = {str(p / "__init__.py") for s in seen for p in Path(s).parents[:-1] if (ROOT / p / "__init__.py").is_file()}
   return tuple(sorted(seen | packages))
 

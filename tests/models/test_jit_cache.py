@@ -331,6 +331,28 @@ def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Pat
     assert again["scheduled"] == len(again["notes"]) == len(damaged) and again["tokens"] == first["tokens"]
     assert all("scheduling it again" in n for n in again["notes"]), again["notes"]
 
+def test_the_imports_of_each_source_file_are_kept_by_its_digest(tmp_path: Path, monkeypatch):
+  """capture_sources takes each file's tinyzoo imports from the cache directory where a run worked them out before:
+  the same sources for every architecture with none parsed again; a file whose text changed is parsed again (and only
+  it), and so is every file where the package's files are others or the kept file is damaged."""
+  from models import jit_cache
+  monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
+  parsed, parse = [], jit_cache.tinyzoo_imports
+  monkeypatch.setattr(jit_cache, "tinyzoo_imports", lambda source: parsed.append(source) or parse(source))
+  def sources() -> dict[str, tuple[str, ...]]: return {arch: jit_cache.capture_sources.__wrapped__(arch) for arch in ARCH_PRESETS}
+  first, files = sources(), len(set(parsed))
+  assert len(parsed) == files > 20 and (tmp_path / jit_cache.IMPORTS_FILE).is_file()
+  parsed.clear()
+  assert sources() == first and parsed == []
+  read = Path.read_bytes
+  monkeypatch.setattr(Path, "read_bytes", lambda p: read(p) + (b"# edited" if p == ROOT / "ops/rope.py" else b""))
+  assert sources() == first and parsed == ["ops/rope.py"]
+  monkeypatch.setattr(Path, "read_bytes", read)
+  for kept in ("{", json.dumps({"files": ["models/gone.py"], "imports": {}})):
+    (tmp_path / jit_cache.IMPORTS_FILE).write_text(kept)
+    parsed.clear()
+    assert sources() == first and len(parsed) == files
+
 def test_the_compile_sources_import_no_other_tinyzoo_module():
   """What a file of COMPILE_SOURCES imports from tinyzoo (at its top or inside a function) is in COMPILE_SOURCES too, so
   that a table or helper it reads from elsewhere is hashed with it."""
