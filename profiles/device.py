@@ -25,6 +25,7 @@ import re
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 import yaml
 from tinygrad import Device
 from tinygrad.helpers import DEV, NUM_CPU_THREADS
@@ -37,22 +38,36 @@ PROFILES = Path(__file__).parent
 
 class ProfileError(ValueError): pass
 
-def select_device() -> str:
+def select_device(programs: Any = None) -> str:
   """tinygrad's default device. To choose it, tinygrad imports and tries every backend it has in turn (most of a second
   on a machine with the CPU alone), so the choice is kept in the cache directory, for this machine's name, its device
-  files and the tinygrad version, and taken from there while that backend opens. DEV, where set, wins as in tinygrad."""
+  files and the tinygrad version, and taken from there while that backend opens. DEV, where set, wins as in tinygrad.
+  A backend that compiles programs of its own as it opens (the CPU's: its workers' loop, signals and timestamps) takes
+  them from `programs` where given (a store of compiled programs, models/jit_cache.py's), as a runtime's kernels do."""
   if DEV.device: return Device.DEFAULT
   path, key = cache_dir() / "device.json", None
   with contextlib.suppress(Exception):   # anything amiss with the kept choice: tinygrad chooses
     key = hashlib.sha256(repr((version("tinygrad"), platform.node(), sorted(os.listdir("/dev")))).encode()).hexdigest()
     if isinstance(dev := json.loads(path.read_text()).get(key), str):
-      Device[dev]
-      DEV.value = os.environ["DEV"] = dev
+      DEV.value = dev   # named before it opens: the store names the device it keeps programs for
+      try: _open(dev, programs)
+      except Exception:
+        DEV.value = ""
+        raise
+      os.environ["DEV"] = dev
       return dev
   dev = Device.DEFAULT
   if key is not None:
     with contextlib.suppress(OSError): write_whole(path, json.dumps({key: dev}))
   return dev
+
+def _open(dev: str, programs: Any) -> None:
+  if programs is None:
+    Device[dev]
+    return
+  from ops import patches
+  patches.install()   # before tinygrad imports the backend, which compiles through what it imported
+  with patches.KernelSettings(programs=programs): Device[dev]
 
 def device_name() -> str:
   """The backend and the hardware under it, e.g. 'CPU: Intel(R) Xeon(R) ..., 2 cores' (the cores its kernels are split

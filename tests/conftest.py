@@ -26,10 +26,10 @@ def rng(seed: int) -> np.random.Generator: return np.random.default_rng(seed)
 patches.install()
 # The suite's compile cache: kernels compiled outside a runtime are kept in the cache directory's store, as a runtime's
 # are, so that the other worker and later runs of the suite take them instead of compiling them. The store names its
-# device first: that opens the device, which compiles, and fixes the name before a test changes the cores in use. The
-# device is the one kept for this machine (select_device), as in the command line, rather than tinygrad trying each.
-select_device()
+# device first, which fixes the name before a test changes the cores in use. The device is the one kept for this
+# machine (select_device), as in the command line, rather than tinygrad trying each, and it opens with the store.
 STORE = JitStore()
+select_device(STORE)
 STORE.device
 patches.keep_programs(STORE)
 

@@ -486,10 +486,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   import shlex
+  from models.jit_cache import JitStore
   from profiles.device import select_device
-  select_device()   # before the parser, whose hint defaults ask for the device
+  given = sys.argv[1:] if argv is None else argv
+  select_device(None if "--no-cache" in given else JitStore())   # before the parser, whose hint defaults ask for the device
   args = parser().parse_args(argv)
-  args.command_line = shlex.join(["tinyzoo", *(sys.argv[1:] if argv is None else argv)])   # as conversion records it
+  args.command_line = shlex.join(["tinyzoo", *given])   # as conversion records it
   try: args.fn(args)
   except USER_ERRORS as e:
     print(f"tinyzoo: error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """Device profiles: found by the device's name, merged and written whole, validated with the file and line of a mistake."""
+import ast
 import json
 import os
 import subprocess
@@ -85,7 +86,8 @@ def test_bad_profiles_name_the_file_and_line(tmp_path: Path, text: str, error: s
 def test_the_chosen_device_is_kept_per_machine(tmp_path: Path):
   """Without DEV, the first process takes tinygrad's choice of device and keeps it; a later one takes the kept choice
   without tinygrad trying every backend (none but the CPU's module is imported), and so does the command line, whose
-  parser's defaults depend on the device; a kept device that does not open is chosen again."""
+  parser's defaults depend on the device (it imports only the modules tinyzoo's changes to tinygrad import besides);
+  a kept device that does not open is chosen again."""
   env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"TINYZOO_CACHE": str(tmp_path)}
   backends = "print(sorted(m.rsplit('_', 1)[1] for m in sys.modules if m.startswith('tinygrad.runtime.ops_')))"
   probe = f"from profiles.device import select_device; import sys; d = select_device(); print(d, end=' '); {backends}"
@@ -96,6 +98,27 @@ def test_the_chosen_device_is_kept_per_machine(tmp_path: Path):
   assert later[1].strip() == f"['{first[0].lower()}']" and first[1] != later[1], (first, later)
   cli = f"import atexit, sys; atexit.register(lambda: {backends}); from tinyzoo.cli import main; main(['run', '--help'])"
   r = subprocess.run([sys.executable, "-c", cli], env=env, capture_output=True, text=True, timeout=120)
-  assert "kernel hints" in r.stdout and r.stdout.splitlines()[-1] == later[1].strip(), r.stdout[-300:]
+  # the command line installs tinyzoo's changes to tinygrad before the device opens: their hook of CUDA graphs imports
+  # the CUDA backend's module (and opens no CUDA device)
+  patched = subprocess.run([sys.executable, "-c", f"import sys; from ops import patches; patches.install(); {backends}"], env=env,
+                           capture_output=True, text=True, timeout=120).stdout.strip()
+  assert "kernel hints" in r.stdout and r.stdout.splitlines()[-1] == str(sorted({first[0].lower(), *ast.literal_eval(patched)})), r.stdout[-300:]
   (tmp_path / "device.json").write_text(json.dumps({k: "NOSUCH" for k in kept}))
   assert run() == first and json.loads((tmp_path / "device.json").read_text()) == kept
+
+def test_the_cpus_own_programs_come_from_the_store(tmp_path: Path):
+  """The CPU backend compiles programs of its own as it opens (its workers' loop, signals, timestamps): the command line
+  opens the kept device with the cache directory's store of programs, which keeps them, and a later process that
+  opens it with that store compiles none. (Each is a process of its own: a process opens a device once.)"""
+  env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"TINYZOO_CACHE": str(tmp_path)}
+  probe = ("from ops import patches; patches.install(); from models.jit_cache import JitStore, PROGRAM_SUFFIX; "
+           "from profiles.device import select_device; made, compile = [], patches._originals['do_to_program']; "
+           "patches._originals['do_to_program'] = lambda *a: made.append(a[0]) or compile(*a); store = JitStore(); "
+           "print(select_device(store), len(made), len(store.entries((PROGRAM_SUFFIX,))))")
+  run = lambda *args: subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+  first = run("-c", probe).stdout.split()   # tinygrad chooses the device (no store): kept for the machine
+  if first[0] != "CPU": pytest.skip(f"the device kept here is {first[0]}")
+  assert int(first[1]) > 0 and first[2] == "0", first
+  assert run("-m", "tinyzoo", "cache").returncode == 0
+  kept = len(list((tmp_path / "jits").glob("*.prg")))
+  assert kept == int(first[1]) and run("-c", probe).stdout.split() == ["CPU", "0", str(kept)]
