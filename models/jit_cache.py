@@ -85,18 +85,20 @@ IMPORTS_KEPT = 1024             # entries of it at most; past that it starts aga
 class KeptImports:
   """tinyzoo_imports of each source file by the sha256 of its path and text, kept in the cache directory for the files
   tinyzoo's packages hold now (a module added or removed turns an imported name from an attribute into a module or
-  back): a run takes each unchanged file's from there instead of parsing it again."""
+  back) and this file's code that works them out: a run takes each unchanged file's from there instead of parsing it
+  again. An entry that names anything but those files is worked out again."""
   def __init__(self):
     self.path, self.changed = cache_dir() / IMPORTS_FILE, False
     self.files = sorted(str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+    self.header = {"files": self.files, "parser": source_digest(("models/jit_cache.py",))}
     try:
       kept = json.loads(self.path.read_text())
-      self.imports: dict[str, list[str]] = kept["imports"] if kept["files"] == self.files and isinstance(kept["imports"], dict) else {}
+      self.imports: dict[str, Any] = kept["imports"] if {k: kept[k] for k in self.header} == self.header and isinstance(kept["imports"], dict) else {}
     except (OSError, ValueError, KeyError, TypeError): self.imports = {}   # none yet, or unreadable: worked out again
 
   def __call__(self, source: str) -> list[str]:
     digest = hashlib.sha256(source.encode() + b"\0" + (ROOT / source).read_bytes()).hexdigest()
-    if not isinstance(found := self.imports.get(digest), list):
+    if not (isinstance(found := self.imports.get(digest), list) and all(isinstance(f, str) and f in self.header["files"] for f in found)):
       if len(self.imports) >= IMPORTS_KEPT: self.imports = {}
       self.imports[digest], self.changed = (found := sorted(tinyzoo_imports(source))), True
     return found
@@ -104,7 +106,7 @@ class KeptImports:
   def keep(self) -> None:
     """Writes the entries worked out in this run, where any was (a cache directory that takes no file keeps none)."""
     if self.changed:
-      with contextlib.suppress(OSError): write_whole(self.path, json.dumps({"files": self.files, "imports": self.imports}))
+      with contextlib.suppress(OSError): write_whole(self.path, json.dumps({**self.header, "imports": self.imports}))
 
 @functools.cache
 def capture_sources(arch: str) -> tuple[str, ...]:
@@ -249,7 +251,10 @@ class JitStore:
   DEFAULT_LIMIT_MB)."""
   def __init__(self, root: Path | None = None, limit: int | None = None):
     self.root = root or cache_dir() / "jits"
-    self.limit = limit if limit is not None else int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) << 20
+    if limit is None:
+      try: limit = int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB)) << 20
+      except ValueError: raise ValueError(f"{LIMIT_ENV} must be a whole number of MiB, got {os.environ[LIMIT_ENV]!r}") from None
+    self.limit = limit
     self.notes: list[str] = []   # what went wrong with an entry (rebuilt), for the caller to show
     self.unchecked = 0           # programs and schedules written since the store's size was last checked
 

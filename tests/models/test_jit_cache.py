@@ -127,14 +127,16 @@ def test_a_process_unpickles_each_program_of_its_jits_once(model: Path, first_ru
   runtime that takes them again (the first one gone) unpickles none and runs the programs the first one made, to the
   same tokens."""
   import gc
-  import pickle
   from models import jit_cache
   from models.runtime import JIT_NAMES
   from ops.kernels import jit_programs
   store, tokens = stored(first_run, tmp_path)
-  unpickled, loads = [], pickle.loads
-  monkeypatch.setattr(jit_cache.pickle, "loads", lambda data: unpickled.append(loads(data)) or unpickled[-1])
-  monkeypatch.setattr(jit_cache, "_programs", type(jit_cache._programs)())
+  unpickled = []   # each program unpickled, as the process's programs take it
+  class Programs(type(jit_cache._programs)):
+    def __setitem__(self, digest, prg):
+      unpickled.append(prg)
+      super().__setitem__(digest, prg)
+  monkeypatch.setattr(jit_cache, "_programs", Programs())
   def programs_run(rt: Runtime) -> list:
     return [prg for name in JIT_NAMES for prg in jit_programs(getattr(rt, f"_{name}"))]
   rt, first = generate(model, store)
@@ -334,7 +336,8 @@ def test_a_capture_under_a_new_key_takes_its_schedules_from_the_store(model: Pat
 def test_the_imports_of_each_source_file_are_kept_by_its_digest(tmp_path: Path, monkeypatch):
   """capture_sources takes each file's tinyzoo imports from the cache directory where a run worked them out before:
   the same sources for every architecture with none parsed again; a file whose text changed is parsed again (and only
-  it), and so is every file where the package's files are others or the kept file is damaged."""
+  it), and so is every file where the kept file is damaged, was kept for other package files or by other code, or
+  names files that are not there."""
   from models import jit_cache
   monkeypatch.setenv("TINYZOO_CACHE", str(tmp_path))
   parsed, parse = [], jit_cache.tinyzoo_imports
@@ -348,8 +351,10 @@ def test_the_imports_of_each_source_file_are_kept_by_its_digest(tmp_path: Path, 
   monkeypatch.setattr(Path, "read_bytes", lambda p: read(p) + (b"# edited" if p == ROOT / "ops/rope.py" else b""))
   assert sources() == first and parsed == ["ops/rope.py"]
   monkeypatch.setattr(Path, "read_bytes", read)
-  for kept in ("{", json.dumps({"files": ["models/gone.py"], "imports": {}})):
-    (tmp_path / jit_cache.IMPORTS_FILE).write_text(kept)
+  header = {k: v for k, v in json.loads((tmp_path / jit_cache.IMPORTS_FILE).read_text()).items() if k != "imports"}
+  named_elsewhere = {d: ["models/gone.py"] for d in json.loads((tmp_path / jit_cache.IMPORTS_FILE).read_text())["imports"]}
+  for kept in ("{", {**header, "files": ["models/gone.py"]}, {**header, "parser": "another"}, {**header, "imports": named_elsewhere}):
+    (tmp_path / jit_cache.IMPORTS_FILE).write_text(kept if isinstance(kept, str) else json.dumps({"imports": {}, **kept}))
     parsed.clear()
     assert sources() == first and len(parsed) == files
 
