@@ -17,6 +17,7 @@ A profile may be `based_on` another in its folder (another part of the same chip
 per-architecture hints and matvec sizes, and what it sets itself wins; tuning it writes only its own.
 """
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -44,17 +45,21 @@ def select_device(programs: Any = None) -> str:
   files and the tinygrad version, and taken from there while that backend opens. DEV, where set, wins as in tinygrad.
   A backend that compiles programs of its own as it opens (the CPU's: its workers' loop, signals and timestamps) takes
   them from `programs` where given (a store of compiled programs, models/jit_cache.py's), as a runtime's kernels do."""
-  if DEV.device: return Device.DEFAULT
+  if DEV.device:
+    if programs is not None:
+      with contextlib.suppress(Exception): _open(Device.DEFAULT, programs)   # one that does not open fails where it is used
+    return Device.DEFAULT
   path, key = cache_dir() / "device.json", None
   with contextlib.suppress(Exception):   # anything amiss with the kept choice: tinygrad chooses
     key = hashlib.sha256(repr((version("tinygrad"), platform.node(), sorted(os.listdir("/dev")))).encode()).hexdigest()
     if isinstance(dev := json.loads(path.read_text()).get(key), str):
-      DEV.value = dev   # named before it opens: the store names the device it keeps programs for
+      before = DEV.value   # named before it opens (the store names the device it keeps programs for), a renderer DEV sets kept
+      DEV.value = [dataclasses.replace(before[0], device=dev), *before[1:]]
       try: _open(dev, programs)
       except Exception:
-        DEV.value = ""
+        DEV.value = before
         raise
-      os.environ["DEV"] = dev
+      os.environ["DEV"] = repr(DEV)
       return dev
   dev = Device.DEFAULT
   if key is not None:

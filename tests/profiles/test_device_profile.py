@@ -109,7 +109,8 @@ def test_the_chosen_device_is_kept_per_machine(tmp_path: Path):
 def test_the_cpus_own_programs_come_from_the_store(tmp_path: Path):
   """The CPU backend compiles programs of its own as it opens (its workers' loop, signals, timestamps): the command line
   opens the kept device with the cache directory's store of programs, which keeps them, and a later process that
-  opens it with that store compiles none. (Each is a process of its own: a process opens a device once.)"""
+  opens it with that store compiles none, with DEV set too. (Each is a process of its own: a process opens a device
+  once.)"""
   env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"TINYZOO_CACHE": str(tmp_path)}
   probe = ("from ops import patches; patches.install(); from models.jit_cache import JitStore, PROGRAM_SUFFIX; "
            "from profiles.device import select_device; made, compile = [], patches._originals['do_to_program']; "
@@ -122,3 +123,5 @@ def test_the_cpus_own_programs_come_from_the_store(tmp_path: Path):
   assert run("-m", "tinyzoo", "cache").returncode == 0
   kept = len(list((tmp_path / "jits").glob("*.prg")))
   assert kept == int(first[1]) and run("-c", probe).stdout.split() == ["CPU", "0", str(kept)]
+  env["DEV"] = "CPU"   # named by the user (a key of its own: the variables of tinygrad's settings set are keyed): with the store too
+  assert run("-c", probe).stdout.split() == ["CPU", str(kept), str(2 * kept)] and run("-c", probe).stdout.split() == ["CPU", "0", str(2 * kept)]
