@@ -25,7 +25,8 @@ setup: $(VENV)/.installed
 # built with the venv's setuptools, not one installed into a build environment of its own on every setup. Test
 # directories of the installed packages, which no run imports, are not byte-compiled.
 PIP_VERSION := 26.3
-BUILD_REQUIRES := setuptools>=68
+# pyproject.toml's >=68, at a release that builds an editable wheel without the wheel package
+BUILD_REQUIRES := setuptools>=70.1
 $(VENV)/.installed: pyproject.toml
 	@command -v clang >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq clang; }
 	@test -x $(PY) || python3 -m venv --without-pip $(VENV)

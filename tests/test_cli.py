@@ -60,6 +60,12 @@ def test_bad_files(small: Path, tmp_path: Path):
     (tmp_path / name).write_bytes(content)
     assert_one_line_error(tinyzoo("info", str(tmp_path / name)), str(tmp_path / name), needle)
 
+def test_a_bad_jit_cache_limit(monkeypatch):
+  """An unreadable TINYZOO_JIT_CACHE_MB is one line from a command that keeps JITs; a command that keeps none runs."""
+  monkeypatch.setenv("TINYZOO_JIT_CACHE_MB", "lots")
+  assert_one_line_error(tinyzoo("cache"), "TINYZOO_JIT_CACHE_MB must be a whole number of MiB, got 'lots'")
+  assert tinyzoo("info", "smollm2-135m").returncode == 0
+
 def test_unknown_model_name():
   assert_one_line_error(tinyzoo("info", "no-such-model"), "not a registered model (registered: gemma3-270m, smollm2-135m; synthetic: llama3.2-1b,")
 

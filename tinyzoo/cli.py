@@ -489,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
   from models.jit_cache import JitStore
   from profiles.device import select_device
   given = sys.argv[1:] if argv is None else argv
-  select_device(None if "--no-cache" in given else JitStore())   # before the parser, whose hint defaults ask for the device
+  try: programs = None if any(len(a) > 5 and "--no-cache".startswith(a) for a in given) else JitStore()   # as argparse abbreviates
+  except ValueError: programs = None   # TINYZOO_JIT_CACHE_MB unreadable: the command that keeps anything says so
+  select_device(programs)   # before the parser, whose hint defaults ask for the device
   args = parser().parse_args(argv)
   args.command_line = shlex.join(["tinyzoo", *given])   # as conversion records it
   try: args.fn(args)
