@@ -54,13 +54,40 @@ def append(record: dict[str, Any], path: os.PathLike | None = None) -> Path:
   finally: os.close(fd)
   return path
 
+def is_bench(record: dict) -> bool:
+  """A decode benchmark's record (bench, exp, tune), not a matvec's or another kind's."""
+  return isinstance(record.get("metrics"), dict) and "tok_s" in record["metrics"] and "kind" not in record
+
+def upgraded(record: dict[str, Any]) -> dict[str, Any]:
+  """A bench record of any generation in today's terms, each key an old record lacks filled with the meaning it had
+  then and named in `upgraded`: before --depth the decode followed the prompt of `prompt_tokens` (the metrics' `depth`),
+  and before --pp prompt processing was that prompt's prefill (`prefill_tok_s`, of `prompt_tokens` tokens; the peer's
+  likewise). Other records come back as they are."""
+  if not is_bench(record): return record
+  m, filled = dict(record["metrics"]), []
+  if "depth" not in m and isinstance(record.get("prompt_tokens"), int): m["depth"], _ = record["prompt_tokens"], filled.append("depth")
+  if "pp_tok_s" not in m and "prefill_tok_s" in m:
+    m["pp_tok_s"], m["pp_tokens"], _ = m["prefill_tok_s"], record.get("prompt_tokens"), filled.append("pp_tok_s")
+  m.setdefault("pp_tokens", record.get("pp_tokens"))
+  out = {**record, "metrics": m}
+  for key in ("peer",):
+    if isinstance(out.get(key), dict) and "pp_tok_s" not in out[key] and "prefill_tok_s" in out[key]:
+      out[key] = {**out[key], "pp_tok_s": out[key]["prefill_tok_s"]}
+      filled.append(f"{key}.pp_tok_s")
+  if isinstance(out.get("peers"), list):
+    out["peers"] = [{**p, "pp_tok_s": p["prefill_tok_s"]} if isinstance(p, dict) and "pp_tok_s" not in p and "prefill_tok_s" in p else p
+                    for p in out["peers"]]
+  if filled: out["upgraded"] = filled
+  return out
+
 def read(path: os.PathLike | None = None) -> list[dict[str, Any]]:
-  """The records of the journal at `path` (default the user's); none where it does not exist yet."""
+  """The records of the journal at `path` (default the user's), each bench record `upgraded` to today's keys; none where
+  it does not exist yet."""
   path = Path(path) if path is not None else user_journal()
   if not path.exists(): return []
   records = []
   for n, line in enumerate(Path(path).read_text().splitlines(), 1):
     if not line.strip(): continue
-    try: records.append(json.loads(line))
+    try: records.append(upgraded(json.loads(line)))
     except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not a journal record ({e.msg})") from None
   return records

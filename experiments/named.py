@@ -2,6 +2,7 @@
 `run` measures baseline and variants in one process, one journal record each, sharing a run id."""
 import dataclasses
 import datetime
+import enum
 import functools
 import os
 import tempfile
@@ -38,6 +39,28 @@ def _text(value: Any) -> str:
 QUALITY_KEYS: dict[str, Callable[[Any], Any]] = {"text": _text, **{k: functools.partial(_typed, k, int) for k in ("ctx", "chunks")}}
 BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k, int) for k in ("tokens", "pp", "warmup", "ctx")}, "depths": _depths}
 
+class Needs(enum.Enum):
+  """What a model (or the device) must have for an experiment to show its effect; a run on one without it is refused."""
+  EXPERTS = "experts"       # MoE blocks (routing, expert matmuls)
+  Q4K_ROWS = "q4k_rows"     # every matmul's rows hold whole 256-value super-blocks, so that Q4_K can hold each weight
+  GPU = "gpu"
+  CPU = "cpu"
+
+class Expect(enum.Enum):
+  HIGHER = "higher"
+  LOWER = "lower"
+
+@dataclass(frozen=True)
+class Verdict:
+  """The rule that says whether a run reproduced the seed's finding: `variant`'s `metric` (a metrics key, or
+  quality.<key>) against the baseline's at the same depth moves as `expect` says by more than `margin` (a fraction of the
+  baseline's) and by more than twice their spread where it was measured: reproduced; the other way: contradicted;
+  neither: not reproduced."""
+  metric: str
+  variant: str
+  expect: Expect
+  margin: float = 0.05
+
 @dataclass(frozen=True)
 class Variant:
   name: str
@@ -54,6 +77,8 @@ class Experiment:
   variants: tuple[Variant, ...]
   quality: dict[str, Any] = dataclasses.field(default_factory=dict)   # if asked, each variant's perplexity and KL divergence
                                                                       # from the baseline: text, ctx, chunks
+  verdict: Verdict | None = None
+  needs: tuple[Needs, ...] = ()
 
   @property
   def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
@@ -72,6 +97,23 @@ def _variant(where: str, raw: Any) -> Variant:
   if not isinstance(raw, dict) or not isinstance(raw.get("name"), str): raise ExperimentError(f"{where}: a variant needs a name")
   return Variant(raw["name"], _checked(f"{where} {raw['name']!r}", raw.get("switches", {}), SWITCHES))
 
+def _verdict(where: str, raw: Any, variants: set[str]) -> Verdict | None:
+  if raw is None: return None
+  if not isinstance(raw, dict) or set(raw) - {"metric", "variant", "expect", "margin"} or not {"metric", "variant", "expect"} <= set(raw):
+    raise ExperimentError(f"{where}: verdict takes metric, variant, expect (higher or lower) and optionally margin, got {raw!r}")
+  if raw["variant"] not in variants: raise ExperimentError(f"{where}: verdict names no variant of this experiment: {raw['variant']!r}")
+  try: expect = Expect(raw["expect"])
+  except ValueError: raise ExperimentError(f"{where}: verdict expect must be higher or lower, got {raw['expect']!r}") from None
+  margin = raw.get("margin", Verdict.margin)
+  if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
+    raise ExperimentError(f"{where}: verdict margin must be a fraction in [0, 1), got {margin!r}")
+  return Verdict(str(raw["metric"]), raw["variant"], expect, float(margin))
+
+def _needs(where: str, raw: Any) -> tuple[Needs, ...]:
+  items = raw if isinstance(raw, list) else [] if raw is None else [raw]
+  try: return tuple(Needs(x) for x in items)
+  except ValueError: raise ExperimentError(f"{where}: needs takes {', '.join(n.value for n in Needs)}, got {raw!r}") from None
+
 def load(path: Path) -> Experiment:
   where = str(path)
   try: raw = yaml.safe_load(path.read_text())
@@ -82,9 +124,12 @@ def load(path: Path) -> Experiment:
   if not isinstance(raw["variants"], list) or not raw["variants"]: raise ExperimentError(f"{where}: 'variants' must be a non-empty list")
   baseline, variants = _variant(where, raw["baseline"]), tuple(_variant(where, v) for v in raw["variants"])
   if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
+  if unknown := set(raw) - {"description", "model", "reproduces", "bench", "baseline", "variants", "quality", "verdict", "needs"}:
+    raise ExperimentError(f"{where}: unknown key {sorted(unknown)[0]!r}")
   return Experiment(path.stem, str(raw["description"]).strip(), str(raw["model"]), str(raw.get("reproduces", "")).strip(),
                     _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants,
-                    _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS))
+                    _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS),
+                    _verdict(where, raw.get("verdict"), {v.name for v in variants}), _needs(where, raw.get("needs")))
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
