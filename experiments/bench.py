@@ -2,7 +2,8 @@
 -d depths), with kernels per token, ms per token, bytes read against the memory floor, capture and compile time and the
 start of a run whose JITs all come from the cache (cached_start_s: weights loaded to first token); prompt
 processing of --pp tokens from an empty context, its prefill JIT captured first (as llama-bench's pp test); and llama.cpp
-measured in the same run when it is installed. One record per depth, all from one load and one capture."""
+measured in the same run when it is installed. Each speed is timed `repeats` times (llama-bench's -r), recorded as the mean
+and standard deviation of the repeats. One record per depth, all from one load and one capture."""
 import dataclasses
 import json
 import os
@@ -39,6 +40,7 @@ class BenchConfig:
   tokens: int = 64
   pp: int = 512                    # the prompt of the timed prompt processing
   warmup: int = 4
+  repeats: int = 3                 # timed runs of decode at each depth and of prompt processing (llama-bench's -r): mean and sd
   ctx: int | None = None
   requant: str | None = None        # measure a copy of the model requantized to this GGML type (e.g. Q4_0, Q4_K)
   bandwidth: float | None = None   # GB/s; measured when None
@@ -94,7 +96,9 @@ def copy_bandwidth(device: str | None = None) -> float:
   driver_ms = back_to_back_ms(lambda: dest.copy_from(src.uop.buffer), src.device, 10)
   return 2 * src.nbytes() / min(kernel_ms, driver_ms) / 1e6
 
-PP_REPEATS = 2   # timed prompts after the prefill JIT's compile and capture; the fastest counts
+def mean_sd(values: list[float], digits: int) -> tuple[float, float]:
+  """The mean and the sample standard deviation (0 for one value), rounded."""
+  return round(statistics.mean(values), digits), round(statistics.stdev(values) if len(values) > 1 else 0.0, digits)
 
 def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, Tensor]:
   """Seconds to prefill `ids` in chunks (the prefill JIT, however short) until the device is done, and the logits."""
@@ -113,6 +117,7 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   probe's base) that it measured on the same runtime."""
   path = cfg.model_file(path)
   if not cfg.depths or min(cfg.depths) < 0: raise ValueError(f"depths must be whole numbers >= 0, got {list(cfg.depths)}")
+  if cfg.repeats < 1: raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
   # the peers first, with the device to themselves: beside this process's copy of Mixtral, llama.cpp could not load its own
   peers = peers_by_depth(path, cfg)
   patches.install()
@@ -126,8 +131,9 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   compiled = rt.kernels.compile_s[0]
   prefill_first_s, _ = timed_prefill(rt, [11])
   prefill_compile_s = rt.kernels.compile_s[0] - compiled
-  pp_s = min(timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(PP_REPEATS))
-  shared = {"pp_tok_s": round(cfg.pp / pp_s, 1), "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk, "prefill_compile_s": round(prefill_compile_s, 2),
+  timed_prefill(rt, prompt_ids(rt, cfg.pp))   # a prompt of that length once untimed, as llama-bench's warm-up run
+  pp_tok_s, pp_tok_s_sd = mean_sd([cfg.pp / timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(cfg.repeats)], 1)
+  shared = {"pp_tok_s": pp_tok_s, "pp_tok_s_sd": pp_tok_s_sd, "repeats": cfg.repeats, "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk, "prefill_compile_s": round(prefill_compile_s, 2),
             "prefill_capture_s": round(prefill_first_s - prefill_compile_s, 2), "load_s": round(load_s, 2)}
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
@@ -138,6 +144,7 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
     for record in records: record["quality"] = measured
   for record, at_depth in zip(records, peers):
     if at_depth: record["peer"], record["peers"] = at_depth[0], at_depth
+    if flags := journal.spread_flags(record): record["flags"] = flags
   return records
 
 def cached_start(rt: Runtime) -> float | None:
@@ -165,15 +172,18 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
   The decode JIT is captured once, at the first depth; later depths replay it (their compile and capture times ~0)."""
   _, logits = timed_prefill(rt, prompt_ids(rt, prompt_length(depth)))
   # the generation loop as `run` has it (sampled tokens stay on the device, read back in batches), greedy, no stop token
-  sampler, timing = Sampler(SamplerParams(temperature=0)), Timing()
+  sampler = Sampler(SamplerParams(temperature=0))
   with sampler.trial(), rt.kernels:   # the sampler captured apart: the first decode step's time is the decode JIT's alone
     sampler.prepare(1, logits.device)
     sampler.queue(logits)
-  compiled = rt.kernels.compile_s[0]
-  for _ in rt.continue_from(logits, prompt_length(depth), 2 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
-  steps, compile_s = timing.steps, rt.kernels.compile_s[0] - compiled   # decode 0 compiles and captures
-  timed = steps[1 + cfg.warmup:]
-  ms = [t * 1e3 for t in timed]
+  compiled, runs = rt.kernels.compile_s[0], []
+  for _ in range(cfg.repeats):   # each repeat decodes from the same position again: its warm-up steps, then the timed ones
+    timing = Timing()
+    for _ in rt.continue_from(logits, prompt_length(depth), 2 + cfg.warmup + cfg.tokens, sampler, timing, stop_ids=frozenset()): pass
+    if not runs: steps, compile_s = timing.steps, rt.kernels.compile_s[0] - compiled   # the first step of all compiles and captures
+    runs.append([t * 1e3 for t in timing.steps[1 + cfg.warmup:]])
+  ms = [t for run in runs for t in run]
+  tok_s, tok_s_sd = mean_sd([1e3 / statistics.median(run) for run in runs], 3)   # a repeat's speed: its median step
   # the same steps queued back to back at one position, never read: the device's time per step where the host keeps ahead
   with rt.kernels: token = sampler.queue(logits)
   issue_ms, queued_ms = queued_steps(rt, sampler, token, prompt_length(depth), cfg.tokens)
@@ -189,7 +199,7 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
                               "untuned": matvecs.untuned_shapes() if matvecs else []},
             "prompt_tokens": prompt_length(depth), "tokens": cfg.tokens, "pp_tokens": cfg.pp,
             "metrics": {"kernels_per_token": len(kernels), "kernel_categories": {c: categories[c] for c in CATEGORIES},
-                        "tok_s": round(1e3 / statistics.median(ms), 3),
+                        "tok_s": tok_s, "tok_s_sd": tok_s_sd,
                         "ms_per_token": {"median": round(statistics.median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3)},
                         "queued_ms": round(queued_ms, 3), "issue_ms": round(issue_ms, 3),
                         "bytes_per_token": nbytes, "bandwidth_gb_s": round(bandwidth, 2), "floor_ms": round(nbytes / bandwidth / 1e6, 3),
@@ -206,8 +216,8 @@ def peers_by_depth(path: Path, cfg: BenchConfig) -> list[list[dict]]:
   """The peers measured at each of cfg.depths (llama.cpp first): llama-bench once for every depth, llama-cpp-python and
   tinygrad's app once per depth."""
   if not cfg.peer: llama = [None] * len(cfg.depths)
-  elif cfg.llama_bench: llama = peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.depths, cfg.tokens, cfg.pp)
-  else: llama = [peer_llamacpp.run(str(path), depth, cfg.tokens, cfg.pp) for depth in cfg.depths]
+  elif cfg.llama_bench: llama = peer_llamacpp.run_llama_bench(cfg.llama_bench, str(path), cfg.depths, cfg.tokens, cfg.pp, cfg.repeats)
+  else: llama = [peer_llamacpp.run(str(path), depth, cfg.tokens, cfg.pp, repeats=cfg.repeats) for depth in cfg.depths]
   apps = [tinygrad_app(path, cfg, depth) if cfg.tinygrad_src else None for depth in cfg.depths]
   return [[p for p in pair if p is not None] for pair in zip(llama, apps)]
 
@@ -224,16 +234,23 @@ def startup(m: dict) -> str:
   first = sum(m.get(k, 0) for k in ("compile_s", "capture_s", "prefill_compile_s", "prefill_capture_s"))
   return f"{first:.1f}" + (f" ({m['cached_start_s']:.2f})" if m.get("cached_start_s") is not None else "")
 
+def pm(m: dict, key: str, digits: int) -> str:
+  """A figure as `mean ± sd` where its spread was measured, else the mean alone."""
+  sd = m.get(f"{key}_sd")
+  return f"{m[key]:.{digits}f}" + (f" ± {sd:.{digits}f}" if isinstance(sd, (int, float)) else "")
+
 def table(records: list[dict]) -> str:
+  """One row per record (! marks a flagged one, its flags listed under the table)."""
   head = ("model", "device", "switches", "kernels/tok", "ms/tok (min-max)", "tok/s", "floor ms", "pp tok/s", "start s (cached)",
           "peers tok/s (pp tok/s)")
-  rows = [(r["model"], r["device"].split(",")[0][:40], changed_switches(r["switches"]),
+  rows = [(r["model"] + (" !" if r.get("flags") else ""), r["device"].split(",")[0][:40], changed_switches(r["switches"]),
            str(m["kernels_per_token"]), f"{m['ms_per_token']['median']:.2f} ({m['ms_per_token']['min']:.2f}-{m['ms_per_token']['max']:.2f})",
-           f"{m['tok_s']:.2f} @d{m['depth']}", f"{m['floor_ms']:.2f}", f"{m['pp_tok_s']:.1f} (pp{m.get('pp_tokens', r['prompt_tokens'])})",
-           f"{startup(m)}", ", ".join(f"{p['engine'].split(' ')[0]} {p['tok_s']:.2f}" + (f" ({p['pp_tok_s']:.1f})" if "pp_tok_s" in p else "")
+           f"{pm(m, 'tok_s', 2)} @d{m['depth']}", f"{m['floor_ms']:.2f}", f"{pm(m, 'pp_tok_s', 1)} (pp{m.get('pp_tokens', r['prompt_tokens'])})",
+           f"{startup(m)}", ", ".join(f"{p['engine'].split(' ')[0]} {pm(p, 'tok_s', 2)}" + (f" ({pm(p, 'pp_tok_s', 1)})" if "pp_tok_s" in p else "")
                      for p in r.get("peers", [])) or "-") for r in records for m in [r["metrics"]]]
   widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+  flags = [f"! {r['model']} @d{r['metrics']['depth']}: {flag}" for r in records for flag in r.get("flags", [])]
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows), *flags])
 
 def dump(record: dict) -> str: return json.dumps(record, indent=1)

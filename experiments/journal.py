@@ -7,7 +7,9 @@ import datetime
 import fcntl
 import json
 import os
+import statistics
 import subprocess
+from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -74,15 +76,69 @@ def upgraded(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get(key), dict) and "pp_tok_s" not in out[key] and "prefill_tok_s" in out[key]:
       out[key] = {**out[key], "pp_tok_s": out[key]["prefill_tok_s"]}
       filled.append(f"{key}.pp_tok_s")
-  if isinstance(out.get("peers"), list):
-    out["peers"] = [{**p, "pp_tok_s": p["prefill_tok_s"]} if isinstance(p, dict) and "pp_tok_s" not in p and "prefill_tok_s" in p else p
-                    for p in out["peers"]]
+  if isinstance(out.get("peers"), list): out["peers"] = [_peer_upgraded(p) for p in out["peers"]]
+  if isinstance(out.get("peer"), dict): out["peer"] = _peer_upgraded(out["peer"])
   if filled: out["upgraded"] = filled
   return out
 
+def _peer_upgraded(peer: Any) -> Any:
+  """A peer's figures with today's names: pp_tok_s for prefill_tok_s, tok_s_sd for llama-bench's tok_s_stddev."""
+  if not isinstance(peer, dict): return peer
+  renames = {"prefill_tok_s": "pp_tok_s", "tok_s_stddev": "tok_s_sd", "pp_tok_s_stddev": "pp_tok_s_sd"}
+  return {**peer, **{new: peer[old] for old, new in renames.items() if old in peer and new not in peer}}
+
+NOISY = 0.05      # a mean whose standard deviation over its repeats is more than this fraction of it is flagged noisy
+PEER_LOW = 0.5    # a peer under this fraction of the median of its engine's other records of the model, device and depth is flagged
+
+def spread_flags(record: dict) -> list[str]:
+  """'noisy: ...' for each of tinyzoo's and the peer's tok/s and pp tok/s whose spread over its repeats is large."""
+  flags = []
+  for who, m in (("tinyzoo", record.get("metrics") or {}), ("peer", record.get("peer") or {})):
+    for key in ("tok_s", "pp_tok_s"):
+      mean, sd = m.get(key), m.get(f"{key}_sd")
+      if isinstance(mean, (int, float)) and isinstance(sd, (int, float)) and mean > 0 and sd > NOISY * mean:
+        flags.append(f"noisy: {who} {key} {mean:.1f} ± {sd:.1f}, sd over {NOISY:.0%} of the mean")
+  return flags
+
+def _peer_key(r: dict) -> tuple:
+  return (r.get("device"), r.get("model"), r["metrics"].get("depth"), str(r["peer"].get("engine", "")).split(" (")[0])
+
+def peer_flags(record: dict, peers_tok_s: list[float]) -> list[str]:
+  """'peer low: ...' when the record's peer ran far below the median of `peers_tok_s`, its engine's other records of the
+  same model, device and depth (a busy machine): at least two are needed to say so."""
+  peer = record.get("peer")
+  if not isinstance(peer, dict) or not isinstance(peer.get("tok_s"), (int, float)) or len(peers_tok_s) < 2: return []
+  usual = statistics.median(peers_tok_s)
+  if peer["tok_s"] >= PEER_LOW * usual: return []
+  return [f"peer low: {peer['tok_s']:.2f} tok/s against a median of {usual:.2f} in {len(peers_tok_s)} other records of its engine, model, "
+          "device and depth (a busy machine?)"]
+
+def with_peer_flags(record: dict, path: os.PathLike | None = None) -> dict:
+  """`record` with a 'peer low' flag where its peer ran far below its engine's records of the same model, device and depth
+  in the journal at `path` (default the user's), as it is written there."""
+  if not isinstance(record.get("peer"), dict): return record
+  same = [r["peer"]["tok_s"] for r in read(path) if is_bench(r) and isinstance(r.get("peer"), dict) and _peer_key(r) == _peer_key(record)
+          and isinstance(r["peer"].get("tok_s"), (int, float))]
+  flags = peer_flags(record, same)
+  return {**record, "flags": [*record.get("flags", []), *flags]} if flags else record
+
+def flagged(records: list[dict]) -> list[dict]:
+  """The records, each bench record's `flags` the ones it was written with and those its spread and its peer, against
+  the others here, call for now."""
+  peers = defaultdict(list)
+  for r in records:
+    if is_bench(r) and isinstance(r.get("peer"), dict) and isinstance(r["peer"].get("tok_s"), (int, float)): peers[_peer_key(r)].append(r)
+  out = []
+  for r in records:
+    if not is_bench(r): out.append(r); continue
+    others = [o["peer"]["tok_s"] for o in peers.get(_peer_key(r), []) if o is not r] if isinstance(r.get("peer"), dict) else []
+    flags = list(dict.fromkeys([*r.get("flags", []), *spread_flags(r), *peer_flags(r, others)]))
+    out.append({**r, "flags": flags} if flags else r)
+  return out
+
 def read(path: os.PathLike | None = None) -> list[dict[str, Any]]:
-  """The records of the journal at `path` (default the user's), each bench record `upgraded` to today's keys; none where
-  it does not exist yet."""
+  """The records of the journal at `path` (default the user's), each bench record `upgraded` to today's keys and
+  `flagged`; none where it does not exist yet."""
   path = Path(path) if path is not None else user_journal()
   if not path.exists(): return []
   records = []
@@ -90,4 +146,4 @@ def read(path: os.PathLike | None = None) -> list[dict[str, Any]]:
     if not line.strip(): continue
     try: records.append(upgraded(json.loads(line)))
     except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not a journal record ({e.msg})") from None
-  return records
+  return flagged(records)

@@ -12,35 +12,41 @@ import sys
 import tempfile
 import time
 
-def measure(path: str, prompt_tokens: int, tokens: int, threads: int, pp: int) -> dict:
-  """pp tok/s of a prompt of `pp` ids from an empty context (the faster of two, after a short warm-up prompt), then the
-  median decode step after a prompt of `prompt_tokens` ids."""
+def measure(path: str, prompt_tokens: int, tokens: int, threads: int, pp: int, repeats: int = 3) -> dict:
+  """As llama-bench's pp and tg tests, `repeats` times each after a warm-up: pp tok/s of a prompt of `pp` ids from an empty
+  context, and decode tok/s (the median step) after a prompt of `prompt_tokens` ids; the mean and standard deviation of
+  the repeats."""
   import llama_cpp
   llm = llama_cpp.Llama(model_path=path, n_ctx=max(pp, prompt_tokens) + tokens + 8, n_batch=min(512, max(pp, 1)), n_threads=threads,
                         n_threads_batch=threads, verbose=False)
   ids = lambda n: [(7 * i + 11) % llm.n_vocab() for i in range(n)]
   llm.eval(ids(8))
-  pp_s = []
-  for _ in range(2):
+  def pp_run() -> float:
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids(pp))
-    pp_s.append(time.perf_counter() - t0)
-  llm.reset()
-  llm.eval(ids(prompt_tokens))
-  steps, token = [], 0
-  for _ in range(tokens):
-    t0 = time.perf_counter()
-    llm.eval([token])
-    steps.append(time.perf_counter() - t0)
-  ms = statistics.median(steps) * 1e3
-  return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(1e3 / ms, 2),
-          "ms_per_token": round(ms, 3), "pp_tok_s": round(pp / min(pp_s), 1), "pp_tokens": pp, "depth": prompt_tokens}
+    return pp / (time.perf_counter() - t0)
+  def tg_run() -> float:
+    llm.reset()
+    llm.eval(ids(prompt_tokens))
+    steps = []
+    for _ in range(tokens):
+      t0 = time.perf_counter()
+      llm.eval([0])
+      steps.append(time.perf_counter() - t0)
+    return 1 / statistics.median(steps)
+  pp_run()
+  pp_ts = [pp_run() for _ in range(repeats)]
+  tg_ts = [tg_run() for _ in range(repeats)]
+  sd = lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0
+  return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(statistics.mean(tg_ts), 2),
+          "tok_s_sd": round(sd(tg_ts), 2), "ms_per_token": round(1e3 / statistics.mean(tg_ts), 3), "pp_tok_s": round(statistics.mean(pp_ts), 1),
+          "pp_tok_s_sd": round(sd(pp_ts), 1), "pp_tokens": pp, "depth": prompt_tokens, "repeats": repeats}
 
-def run(path: str, prompt_tokens: int, tokens: int, pp: int, threads: int = 2) -> dict | None:
+def run(path: str, prompt_tokens: int, tokens: int, pp: int, threads: int = 2, repeats: int = 3) -> dict | None:
   """The peer's figures, or None (with the reason on stderr) when llama-cpp-python is not installed or fails."""
   r = subprocess.run([sys.executable, "-m", "experiments.peer_llamacpp", path, "--prompt-tokens", str(prompt_tokens), "--tokens", str(tokens),
-                      "--pp", str(pp), "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
+                      "--pp", str(pp), "--threads", str(threads), "--repeats", str(repeats)], capture_output=True, text=True, timeout=1800)
   if r.returncode != 0:
     print(f"llama.cpp peer not measured: {(r.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
@@ -68,9 +74,9 @@ def run_llama_bench(binary: str, path: str, depths: tuple[int, ...], tokens: int
           f"{','.join(map(str, depths))}", file=sys.stderr)
     return missed
   return [{"engine": f"llama.cpp (llama-bench {t['build_commit']}, {t['backends']}, {t['gpu_info']}, all layers offloaded)",
-           "tok_s": round(t["avg_ts"], 2), "tok_s_stddev": round(t["stddev_ts"], 2), "ms_per_token": round(1e3 / t["avg_ts"], 3),
+           "tok_s": round(t["avg_ts"], 2), "tok_s_sd": round(t["stddev_ts"], 2), "ms_per_token": round(1e3 / t["avg_ts"], 3),
            "depth": t["n_depth"], "tokens": t["n_gen"], "pp_tok_s": round(pp_test["avg_ts"], 1),
-           "pp_tok_s_stddev": round(pp_test["stddev_ts"], 1), "pp_tokens": pp} for t in tg]
+           "pp_tok_s_sd": round(pp_test["stddev_ts"], 1), "pp_tokens": pp, "repeats": repetitions} for t in tg]
 
 NCU_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}   # ncu versions name units either way
 
@@ -126,6 +132,7 @@ if __name__ == "__main__":
   p.add_argument("--tokens", type=int, default=64)
   p.add_argument("--pp", type=int, default=512, help="prompt tokens of the timed prompt processing (default 512)")
   p.add_argument("--threads", type=int, default=2)
+  p.add_argument("--repeats", type=int, default=3, help="timed runs of each test: their mean and sd (default 3)")
   p.add_argument("--ncu-llama-bench", metavar="BINARY", help="time this llama-bench's decode kernels under ncu: one line a kernel and launch size")
   a = p.parse_args()
   if a.ncu_llama_bench:
@@ -136,4 +143,4 @@ if __name__ == "__main__":
     sys.exit(0)
   try: import llama_cpp  # noqa: F401
   except ImportError: sys.exit("llama-cpp-python is not installed (make reference)")
-  print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads, a.pp)))
+  print(json.dumps(measure(a.path, a.prompt_tokens, a.tokens, a.threads, a.pp, a.repeats)))

@@ -1,5 +1,6 @@
 """The `tinyzoo` command."""
 import argparse
+import os
 import sys
 from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, model_label, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
@@ -100,7 +101,8 @@ def bench_config(args, path):
   for n, v in (("--tokens", getattr(args, "tokens", 1)), ("--pp", args.pp)):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
+  if (repeats := getattr(args, "bench_repeats", 1)) < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
+  return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup, repeats=repeats,
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None),
                      kept_programs=args.kept_programs)
@@ -126,7 +128,7 @@ def cmd_bench(args) -> None:
   from experiments.bench import bench, dump, table
   records = bench(path := resolve_model(args.model), model_label(args.model), bench_config(args, path))
   if not args.no_journal:
-    for record in records: journal.append(record, args.journal)
+    for record in records: journal.append(journal.with_peer_flags(record, args.journal), args.journal)
   print("\n".join(map(dump, records)) if args.json else table(records))
 
 def cmd_profile(args) -> None:
@@ -152,7 +154,8 @@ def cmd_exp(args) -> None:
     if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
     named.chosen_variants(exp, args.variant)
     hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)
-    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench, kept_programs=args.kept_programs)
+    if args.bench_repeats < 1: raise ValueError(f"--repeats must be at least 1, got {args.bench_repeats}")
+    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench, kept_programs=args.kept_programs, repeats=args.bench_repeats)
     records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args), progress=sys.stderr.isatty())
     print(named.results_table(records))
 
@@ -169,7 +172,7 @@ def trial_noter(args):
   """What `exp run` and `tune` do with each trial's record as it comes: journal it (unless --no-journal) and say it."""
   from experiments import journal
   def note(record: dict) -> None:
-    if not args.no_journal: journal.append(record, args.journal)
+    if not args.no_journal: journal.append(journal.with_peer_flags(record, args.journal), args.journal)
     m = record["metrics"]
     print(f"{record['variant']}: {m['kernels_per_token']} kernels/token, {m['tok_s']:.2f} tok/s", file=sys.stderr)
   return note
@@ -233,6 +236,11 @@ def add_bench_options(s: argparse.ArgumentParser) -> None:
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
   add_kept_programs_option(s)
+
+def add_repeats_option(s: argparse.ArgumentParser) -> None:
+  s.add_argument("-r", "--repeats", dest="bench_repeats", type=int, default=3, metavar="N", help="time decode at each depth and prompt "
+                 "processing N times, as llama-bench's -r, and the peer likewise: records and tables give the mean ± sd, and a "
+                 "spread over 5%% of the mean is flagged noisy (default 3)")
 
 def add_kept_programs_option(s: argparse.ArgumentParser) -> None:
   s.add_argument("--kept-programs", action="store_true", help="take compiled programs from the cache directory where a run compiled "
@@ -367,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
                  "names a commit that works)")
   add_journal_options(s)
   s.add_argument("--json", action="store_true", help="print the record as JSON instead of a table")
+  add_repeats_option(s)
   add_model_options(s)
   add_bench_options(s)
   s.set_defaults(fn=cmd_bench)
@@ -404,6 +413,7 @@ def parser() -> argparse.ArgumentParser:
   e.add_argument("--variant", action="append", help="run only this variant (repeatable; the baseline always runs)")
   e.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
   e.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
+  add_repeats_option(e)
   e.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
   e.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
                  "variants' switches apply over either), and the built-in GPU matvec sizes")
@@ -494,7 +504,12 @@ def main(argv: list[str] | None = None) -> int:
   select_device(programs)   # before the parser, whose hint defaults ask for the device
   args = parser().parse_args(argv)
   args.command_line = shlex.join(["tinyzoo", *given])   # as conversion records it
-  try: args.fn(args)
+  try:
+    args.fn(args)
+    sys.stdout.flush()   # a reader that went away shows here, not as an error at exit
+  except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as a Unix tool killed by SIGPIPE does
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # so the output still buffered has somewhere to go at exit
+    return 141
   except USER_ERRORS as e:
     print(f"tinyzoo: error: {e}", file=sys.stderr)
     return 1

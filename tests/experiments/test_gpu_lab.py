@@ -41,7 +41,10 @@ def test_llama_bench_peer_runs_pp_and_tg_at_depth_and_reads_its_json(tmp_path: P
   assert peer is not None and peer["tok_s"] == 932.0 and peer["ms_per_token"] == pytest.approx(1e3 / 932.0, abs=1e-3)
   assert peer["pp_tok_s"] == 40000.0 and peer["pp_tokens"] == 512 and peer["depth"] == 32
   assert "abc123" in peer["engine"] and "H100" in peer["engine"]
+  assert peer["tok_s_sd"] == peer["pp_tok_s_sd"] == 33.7 and peer["repeats"] == 3
   assert (tmp_path / "argv").read_text() == "-m model.gguf -p 512 -n 128 -d 0,32 -ngl 99 -r 3 -o json"
+  assert peer_llamacpp.run_llama_bench(exe, "model.gguf", (32,), 128, 512, 5)[0]["repeats"] == 5
+  assert (tmp_path / "argv").read_text().endswith("-r 5 -o json")
   assert peer_llamacpp.run_llama_bench(exe, "model.gguf", (0,), 16, 64)[0]["tok_s"] == 900.0
   # several depths in one run, in the order asked, each with the pp from an empty context
   peers = peer_llamacpp.run_llama_bench(exe, "model.gguf", (16384, 0, 4096), 128, 512)

@@ -21,7 +21,7 @@ from ops import patches
 def tiny(tmp_path_factory) -> Path:
   return synthesize("smollm2-135m-tiny", tmp_path_factory.mktemp("synth") / "tiny.gguf", quant="Q4_0")
 
-SMALL = BenchConfig(depths=(4,), tokens=3, pp=6, warmup=1, peer=False)
+SMALL = BenchConfig(depths=(4,), tokens=3, pp=6, warmup=1, peer=False, repeats=2)
 # programs from the cache directory and a given copy bandwidth: for tests that time no compile and read no memory floor
 KEPT = dataclasses.replace(SMALL, kept_programs=True, bandwidth=1.0)
 
@@ -46,6 +46,7 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   m = record["metrics"]
   assert all(m[k] > 0 for k in ("compile_s", "capture_s", "prefill_compile_s", "prefill_capture_s")), m   # compiled apart from the rest of a capture
   assert m["kept_programs"] is False
+  assert m["repeats"] == 2 and m["tok_s_sd"] >= 0 and m["pp_tok_s_sd"] >= 0 and m["tok_s"] > 0 and m["pp_tok_s"] > 0   # llama-bench's -r
   assert 0 < m["cached_start_s"] < (m["compile_s"] + m["capture_s"] + m["prefill_compile_s"] + m["prefill_capture_s"]) / 2, m
 
 def test_experiment_run_records_each_variant(tiny: Path, tmp_path: Path):
