@@ -58,7 +58,7 @@ class AttentionSpec:
 class Attention:
   def __init__(self, w: Weights, prefix: str, cfg: ModelConfig, spec: AttentionSpec, max_context: int):
     self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.hints.attention, w.hints.softmax, w.hints.norm
-    self.split, self.weights_break = w.hints.split_kv, w.hints.weights_break
+    self.split, self.weights_break, self.upcast = w.hints.split_kv, w.hints.weights_break, w.hints.casts == "keep"
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"])
     self.o = w.linear(f"{prefix}.attn_output")
@@ -116,7 +116,8 @@ class Attention:
     B, _, T, _ = q.shape
     out = fused_attention(q, k, v, start_pos, scale=self.spec.scale, q_rope=(*rope, self.spec.interleaved), window=self.spec.window,
                           sinks=self.sinks, softcap=self.spec.softcap, q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
-                          softmax=self.softmax, chunk_dtype=self.chunk_dtype, split=self.split, weights_break=self.weights_break)
+                          softmax=self.softmax, chunk_dtype=self.chunk_dtype, split=self.split, weights_break=self.weights_break,
+                          upcast=self.upcast)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
 
 def kv_cache_dtype(hints: Hints) -> DType:

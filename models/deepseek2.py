@@ -2,10 +2,11 @@
 
 Attention: q from a plain `attn_q` or through a low-rank `attn_q_a` -> `attn_q_a_norm` -> `attn_q_b` (q-LoRA); `attn_kv_a_mqa`
 gives the latent c (normalized by `attn_kv_a_norm`) and one shared rope key; q_nope is absorbed through `attn_k_b`, the
-latent output expanded through `attn_v_b` (ops/mla.py), so each layer caches only concat(c, k_pe) per position. A prompt
-chunk takes the form the `mla_prefill` hint names, by default the cheaper for its rows: absorbed, or expanded (each
-position read expanded through `attn_k_b` transposed and `attn_v_b` to every head's key and value). Rope on
-interleaved pairs; with YaRN, llama.cpp moves the magnitude correction out of the rope into the query scale (below).
+latent output expanded through `attn_v_b` (ops/mla.py), so each layer caches only concat(c, k_pe) per position (with the
+`mla_v_cache` hint, c again in a value cache of its own). A prompt chunk takes the form the `mla_prefill` hint names, by
+default the cheaper for its rows: absorbed, or expanded (each position read expanded through `attn_k_b` transposed and
+`attn_v_b` to every head's key and value). Rope on interleaved pairs; with YaRN, llama.cpp moves the magnitude
+correction out of the rope into the query scale (below).
 FFN: the first `leading_dense_block_count` blocks are dense (all of them in Youtu-LLM), the rest mixtures of experts with
 shared experts, gated by softmax or sigmoid (with the `exp_probs_b` selection bias), renormalized and scaled as the
 metadata says."""
@@ -103,9 +104,11 @@ class MLAttention:
     self.k_b = w.linear(f"{prefix}.attn_k_b")
     self.v_b = w.linear(f"{prefix}.attn_v_b")
     self.o = w.linear(f"{prefix}.attn_output")
-    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device, per_part=max(1, w.hints.split_kv))
-    self.split, self.weights_break = w.hints.split_kv, w.hints.weights_break
+    self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device, per_part=max(1, w.hints.split_kv),
+                             values=w.hints.mla_v_cache)
+    self.split, self.weights_break, self.upcast = w.hints.split_kv, w.hints.weights_break, w.hints.casts == "keep"
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
+    if self.cache.v is not None: w.label(f"{prefix}.v_cache", "cache", self.cache.v)
 
   def __call__(self, x: Tensor | NormedInput, start_pos: sint) -> Tensor:
     (B, T, _), c, m = x.shape, self.cfg, self.mla
@@ -117,15 +120,15 @@ class MLAttention:
     # one token's latent normalized by the kernel that writes it to the cache, its squares summed there (norm single)
     latent = rms_norm(kv[..., :m.kv_lora_rank], self.kv_a_norm, c.norm_eps, sum_per_output=sums_per_output(self.norm, kv))
     k_pe = apply_rope(kv[..., m.kv_lora_rank:].unsqueeze(1), cos, sin, interleaved=True).squeeze(1)
-    rows = self.cache.update(latent, k_pe, start_pos)
+    rows, values = self.cache.update(latent, k_pe, start_pos)
     if self.prefill_form(T) == "expanded":
       q_full = q[..., :m.nope_dim].transpose(1, 2).cat(q_pe.cast(q.dtype), dim=-1)   # [B, H, T, nope + rope]
-      out = expanded_attention(q_full, rows, m.kv_lora_rank, start_pos, self._expand, scale=self.scale, variant=self.variant,
-                               chunk_dtype=self.chunk_dtype).transpose(1, 2)
+      out = expanded_attention(q_full, rows, values, start_pos, self._expand, scale=self.scale, variant=self.variant,
+                               chunk_dtype=self.chunk_dtype, upcast=self.upcast).transpose(1, 2)
     else:
       q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
-      latent_out = mla_attention(q_lat, q_pe, rows, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
-                                 split=self.split, softmax=self.softmax, weights_break=self.weights_break)
+      latent_out = mla_attention(q_lat, q_pe, rows, values, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
+                                 split=self.split, softmax=self.softmax, weights_break=self.weights_break, upcast=self.upcast)
       out = self.v_b(latent_out.transpose(1, 2))   # [B, T, H, v_dim]
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 

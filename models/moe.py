@@ -10,7 +10,7 @@ from ops.activations import Gated
 from models.weights import Weights
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups, Gating, route
-from ops.topk import topk_by_name
+from ops.topk import first_k, topk_by_name
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -39,17 +39,20 @@ class MoEConfig:
 
 class MoE:
   """x [B, T, dim] -> [B, T, dim]. Gate and up experts are `ffn_gate_exps` and `ffn_up_exps`, or one `ffn_gate_up_exps`
-  whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them."""
+  whose first half of rows is the gate (as recent converters write GPT-OSS); biases where the file has them. Skip
+  `shared_expert` leaves the shared experts out, skip `topk` the routing's choice (every token takes the first k experts)."""
   def __init__(self, w: Weights, prefix: str, cfg: MoEConfig, activation: Gated):
-    self.cfg, self.activation, self.topk = cfg, activation, topk_by_name(w.hints.topk)
+    self.cfg, self.activation = cfg, activation
+    self.topk = first_k if "topk" in w.hints.skip else topk_by_name(w.hints.topk)
     self.act_break, self.act_in_matmul, self.expert_tile = w.hints.act_break, w.hints.act_in_matmul, w.hints.expert_tile
+    self.shared_break = w.hints.shared_break
     self.router = w.linear(f"{prefix}.ffn_gate_inp")
     self.selection_bias = w.vector(f"{prefix}.exp_probs_b.bias") if w.has(f"{prefix}.exp_probs_b.bias") else None
     # gate and up as one matmul over their joined rows, whether the file joins them or not
     if w.has(f"{prefix}.ffn_gate_up_exps.weight"): self.gate_up = w.experts([f"{prefix}.ffn_gate_up_exps"])
     else: self.gate_up = w.experts([f"{prefix}.ffn_gate_exps", f"{prefix}.ffn_up_exps"])
     self.down = w.experts([f"{prefix}.ffn_down_exps"])
-    self.shared = FeedForward(w, prefix, activation, suffix="_shexp") if cfg.n_shared else None
+    self.shared = FeedForward(w, prefix, activation, suffix="_shexp") if cfg.n_shared and "shared_expert" not in w.hints.skip else None
 
   def __call__(self, x: Tensor | NormedInput) -> Tensor:
     """With x a NormedInput (norm `fold`) the router and the gate and up experts fold the norm in where they can. A
@@ -69,7 +72,9 @@ class MoE:
       else: gate_up = self.gate_up(x.unsqueeze(-2), sel)
       h = gated_down_input(self.activation, gate_up, prod(x.shape[:-1]) == 1, self.act_break, self.act_in_matmul)
       out = self.down.mixed(h, sel, weights)
-    # the shared experts' output realized apart: added to the sum over the chosen experts, their down matmul would be one
-    # kernel with it, of two reduces in turn: a prompt chunk's GEMM off the tensor cores (and the CPU's GEMM tile), a
-    # decode step's down experts in another shape than their own (not the one their launch sizes were tuned for)
-    return out if self.shared is None else out + self.shared(x).contiguous()
+    if self.shared is None: return out
+    # the shared experts' output realized apart (`shared_break`): added to the sum over the chosen experts, their down matmul
+    # would be one kernel with it, of two reduces in turn: a prompt chunk's GEMM off the tensor cores (and the CPU's GEMM
+    # tile), a decode step's down experts in another shape than their own (not the one their launch sizes were tuned for)
+    shared = self.shared(x)
+    return out + (shared.contiguous() if self.shared_break else shared)

@@ -9,6 +9,8 @@ may be a bound symbolic variable (TinyJit decode).
 
 The plain path: logits q.k * scale in float32 (a half cache meets q rounded to half, as llama.cpp's half KV cache does),
 soft-capped (`soft_capped`), masked (`visible`), softmax stabilized by their max, times the values (`softmax_values`).
+Without `upcast` fp16 operands (a half cache's keys and values, a half chunk's GEMM inputs) are multiplied as they are,
+each sum rounded to fp16, where they are cast up to float32 first (the casts tinygrad would otherwise be left without).
 A sink (gpt-oss) is one learned logit per query head that joins the softmax denominator and contributes no value.
 Attention reads the cache in chunks of CHUNK positions, as many as hold the valid ones, and masks the rest: the sums
 over positions then have a static inner axis that a GPU spreads over threads, where over the valid prefix alone (a
@@ -176,50 +178,51 @@ def over_denominator(ev: Tensor, sink_term: Tensor | None) -> Tensor:
   if sink_term is not None: ev = ev + sink_term.pad(((0, 0),) * (ev.ndim - 1) + ((ev.shape[-1] - 1, 0),))
   return ev[..., :-1] / ev[..., -1:]
 
-def weighted_values(e: Tensor, values: Tensor, ones: int = 1) -> Tensor:
+def weighted_values(e: Tensor, values: Tensor, ones: int = 1, upcast: bool = True) -> Tensor:
   """The terms of sum(e * v) over positions beside `ones` columns of the terms of sum(e) [..., Dv + ones], to be summed
   by one reduce (the denominator one more output column of the value sum, not a kernel of its own). A half cache's
-  values are multiplied in float32: under softmax self each e carries the factor e^-SELF_MARGIN, below half's range
-  (rounded to half, every weight was 0 and the attention's output with it)."""
-  return e.unsqueeze(-1) * with_ones(values.cast(dtypes.float32), ones)
+  values are multiplied in float32 unless not `upcast`: under softmax self each e carries the factor e^-SELF_MARGIN,
+  below half's range (rounded to half, every weight was 0 and the attention's output with it)."""
+  return e.unsqueeze(-1) * with_ones(values.cast(dtypes.float32) if upcast else values, ones)
 
-def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None) -> Tensor:
+def values_with_denominator(e: Tensor, values: Tensor, sink_term: Tensor | None, upcast: bool = True) -> Tensor:
   """sum(e * v) / sum(e) over positions in one kernel (weighted_values); a sink's term is added to the denominator in
   the same kernel."""
-  return over_denominator(weighted_values(e, values).sum(axis=(-3, -2)), sink_term)
+  return over_denominator(weighted_values(e, values, upcast=upcast).sum(axis=(-3, -2)), sink_term)
 
-def gemm_logits(q: Tensor, keys: Tensor, dtype: DTypeLike) -> Tensor:
+def gemm_logits(q: Tensor, keys: Tensor, dtype: DTypeLike, upcast: bool = True) -> Tensor:
   """q.k for several query rows (a prompt chunk): q [B, Hkv, G, T, 1, 1, D] and the keys [B, Hkv, 1, 1, n, CHUNK, D]
   each realized in `dtype` and multiplied by one GEMM per kv head (tensor cores on a GPU in half), summed in float32
-  -> [B, Hkv, G, T, n, CHUNK]. The logits are realized in the GEMM's shape: the mask reading them by chunk and position
-  would otherwise split the GEMM's axes, and it took no tensor cores."""
+  (without `upcast`, their sums rounded to `dtype`) -> [B, Hkv, G, T, n, CHUNK]. The logits are realized in the GEMM's
+  shape: the mask reading them by chunk and position would otherwise split the GEMM's axes, and it took no tensor cores."""
   B, H, G, T, _, _, D = q.shape
   n, C = keys.shape[-3], keys.shape[-2]
   qr = q.cast(dtype).reshape(B, H, G * T, D).contiguous()
   kr = keys.cast(dtype).reshape(B, H, n * C, D).contiguous()
-  return qr.matmul(kr.transpose(-1, -2), dtype=dtypes.float32).contiguous().reshape(B, H, G, T, n, C)
+  return qr.matmul(kr.transpose(-1, -2), dtype=dtypes.float32 if upcast else None).contiguous().reshape(B, H, G, T, n, C)
 
-def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTypeLike) -> Tensor:
+def gemm_values(e: Tensor, values: Tensor, sink_term: Tensor | None, dtype: DTypeLike, upcast: bool = True) -> Tensor:
   """sum(e * v) / sum(e) over positions for several query rows (a prompt chunk): e [B, Hkv, G, T, n, CHUNK] and the
   values each realized in `dtype` and multiplied by one GEMM per kv head, its query heads' rows together (tensor cores
-  on a GPU in half), summed in float32; the denominator summed apart in float32. Read inside a value sum over the
-  positions, each exp would be computed again for every output column."""
+  on a GPU in half), summed in float32 (without `upcast`, rounded to `dtype`); the denominator summed apart in e's type.
+  Read inside a value sum over the positions, each exp would be computed again for every output column."""
   B, H, G, T, n, C = e.shape
   den = e.sum(axis=(-2, -1)).unsqueeze(-1)
   w = e.cast(dtype).reshape(B, H, G * T, n * C).contiguous()
   v = values.cast(dtype).reshape(B, H, n * C, values.shape[-1]).contiguous()
-  return w.matmul(v, dtype=dtypes.float32).reshape(B, H, G, T, values.shape[-1]) / (den if sink_term is None else den + sink_term)
+  out = w.matmul(v, dtype=dtypes.float32 if upcast else None).reshape(B, H, G, T, values.shape[-1])
+  return out / (den if sink_term is None else den + sink_term)
 
 def softmax_values(logits: Tensor, peak: Tensor | float, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                   chunk_dtype: DTypeLike = dtypes.float32, weights_break: bool = False) -> Tensor:
+                   chunk_dtype: DTypeLike = dtypes.float32, weights_break: bool = False, upcast: bool = True) -> Tensor:
   """softmax(logits) times the values [..., n, CHUNK, Dv], the logits less `peak` before exp and the division after the
   value sum (one kernel fewer than normalizing the weights first); a sink's exp(sink - sink_peak) joins the denominator.
   Several query rows (a prompt chunk) take gemm_values in `chunk_dtype`. With `weights_break` one row's weights are
   realized first (`weights_realized`)."""
   e = (logits - peak).exp()
   sink_term = None if sink is None else (sink - sink_peak).squeeze(-1).exp()
-  if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype)
-  return values_with_denominator(weights_realized(e, weights_break), values, sink_term)
+  if logits.shape[-3] > 1: return gemm_values(e, values, sink_term, chunk_dtype, upcast)
+  return values_with_denominator(weights_realized(e, weights_break), values, sink_term, upcast)
 
 def weights_realized(e: Tensor, weights_break: bool) -> Tensor:
   """A decode step's softmax weights as the value sum reads them: computed inside it, each exp again for every value
@@ -234,10 +237,10 @@ SUM_ONES = 16
 # output, walking every part in turn)
 PARTS_SPREAD = 16
 
-def part_sums(e: Tensor, values: Tensor) -> Tensor:
+def part_sums(e: Tensor, values: Tensor, upcast: bool = True) -> Tensor:
   """Each part's sum(e * v) beside its sum(e): e [..., parts, m, CHUNK] and the values [..., parts, m, CHUNK, Dv] ->
   [..., parts, Dv + SUM_ONES], the denominator in each of the last columns (weighted_values)."""
-  return weighted_values(e, values, SUM_ONES).sum((-3, -2))
+  return weighted_values(e, values, SUM_ONES, upcast).sum((-3, -2))
 
 def split_parts(split: int, T: int, window: int | None) -> int:
   """Chunks a part of split attention holds: `split` for a decode step (one query row) without a window (a window's read
@@ -245,7 +248,7 @@ def split_parts(split: int, T: int, window: int | None) -> int:
   return split if T == 1 and window is None else 0
 
 def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sink: Tensor | None = None, sink_peak: Tensor | None = None,
-                         most: int | None = None, weights_break: bool = False) -> Tensor:
+                         most: int | None = None, weights_break: bool = False, upcast: bool = True) -> Tensor:
   """softmax_values for one query row over logits [..., parts, per_part, CHUNK] and values [..., parts, per_part, CHUNK,
   Dv] (as _chunks gives them in parts; flash-decoding): each part's value sum and denominator (part_sums) by one kernel
   whose workgroups cover every head and part, then their sum over the parts by a second, so that a long context's
@@ -263,7 +266,7 @@ def split_softmax_values(logits: Tensor, peak: float | None, values: Tensor, sin
     local = logits.max((-2, -1))
     local = (local == float("-inf")).where(0.0, local).unsqueeze(-1)   # a part every position of which is masked (under `whole`)
   e = weights_realized((logits - (local.unsqueeze(-1) if peak is None else peak)).exp(), weights_break)
-  parts = grown(part_sums(e, values).contiguous(), 0.0)
+  parts = grown(part_sums(e, values, upcast).contiguous(), 0.0)
   if peak is None:
     top = (local := grown(local, float("-inf"))).max(-2, keepdim=True)
     if sink is not None: top = top.maximum(sink)
@@ -282,7 +285,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float,
 
 def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: sint, *, scale: float, window: int|None = None,
                   sinks: Tensor|None = None, softcap: float|None = None, chunk_dtype: DTypeLike = dtypes.float32, per_part: int = 0,
-                  first: sint = 0) -> Tensor:
+                  first: sint = 0, upcast: bool = True) -> Tensor:
   """`attention` over the chunks it reads of a cache of L positions, from chunk `first` on: keys [B, Hkv, 1, 1, n, CHUNK, D]
   and values [B, Hkv, 1, 1, n, CHUNK, Dv] (as _chunks gives them) -> [B, Hq, T, Dv]; with `per_part` (split_parts) the
   value sums split into parts of that many chunks, the keys and values in parts (_chunks with per_part)."""
@@ -291,13 +294,18 @@ def attend_chunks(q: Tensor, keys: Tensor, values: Tensor, L: int, start_pos: si
   shape = (B, Hkv, G, T, *keys.shape[4:])   # the query heads of each kv head on their own axis: k and v broadcast
   qg = q.reshape(B, Hkv, G, T, *[1] * (keys.ndim - 5), D)
   if keys.dtype == dtypes.float16: qg = qg.cast(dtypes.float16)
-  if T > 1: logits = gemm_logits(qg, keys, chunk_dtype) * scale
-  else: logits = (qg.expand(shape).cast(dtypes.float32) * keys.expand(shape).cast(dtypes.float32)).sum(-1) * scale   # [B, Hkv, G, T, n, CHUNK]
+  if T > 1: logits = gemm_logits(qg, keys, chunk_dtype, upcast) * scale
+  else: logits = dot(qg.expand(shape), keys.expand(shape), upcast) * scale   # [B, Hkv, G, T, n, CHUNK]
   if softcap is not None: logits = soft_capped(logits, softcap)
   logits, sink = visible(logits, L, (first, keys.shape[4] * (per_part or 1)), start_pos, window, per_part), _sinks(sinks, Hkv, G)
-  if per_part: out = split_softmax_values(logits, None, values, sink, None, L // CHUNK // per_part)
-  else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype)
+  if per_part: out = split_softmax_values(logits, None, values, sink, None, L // CHUNK // per_part, upcast=upcast)
+  else: out = softmax_values(logits, peak := max_peak(logits, sink), values, sink, peak, chunk_dtype, upcast=upcast)
   return out.reshape(B, Hq, T, values.shape[-1]).cast(q.dtype)
+
+def dot(a: Tensor, b: Tensor, upcast: bool) -> Tensor:
+  """sum(a * b) over the last axis, a and b cast to float32 first, or without `upcast` multiplied as they are (fp16 ones
+  in fp16, the sum rounded to fp16)."""
+  return (a.cast(dtypes.float32) * b.cast(dtypes.float32)).sum(-1) if upcast else (a * b).sum(-1)
 
 class Reads:
   """How the fused logits read q, the query's own key and the cached keys: as views broadcast to a shape (q before any
@@ -371,11 +379,14 @@ def own_sink_peak(reads: Reads, key_tables: bool, half: bool, scale: float) -> T
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: float, q_rope: tuple[Tensor, Tensor, bool]|None = None,
                     window: int|None = None, sinks: Tensor|None = None, softcap: float|None = None, q_norm: tuple[Tensor, float]|None = None,
                     key_rope: tuple[Tensor, Tensor]|None = None, k_norm: tuple[Tensor, float]|None = None, variant: str = "chunked",
-                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0, weights_break: bool = False) -> Tensor:
+                    softmax: str = "max", chunk_dtype: DTypeLike = dtypes.float32, split: int = 0, weights_break: bool = False,
+                    upcast: bool = True) -> Tensor:
   """attention() of q rotated by q_rope (and, with q_norm, normalized first) over the cache's keys normalized by k_norm
   and, with key_rope, rotated by their positions: each read where the logits read it; the softmax stabilized as
   `softmax` says, a decode step's value sums split into parts of `split` chunks (split_parts), its weights realized
-  first with `weights_break` (`weights_realized`). Several query rows (a prompt chunk) take `_chunk_attention`."""
+  first with `weights_break` (`weights_realized`). Several query rows (a prompt chunk) take `_chunk_attention`. Without
+  `upcast` the logits and the value sums multiply fp16 operands as they are (`dot`); keys taken relative to the
+  query's own (softmax self), normed logits and a sink's stay float32."""
   B, Hq, T, D, Hkv, L = _checked(q, k, variant)
   if softmax not in SOFTMAXES: raise ValueError(f"unknown softmax stabilizer {softmax!r} (choose from {', '.join(SOFTMAXES)})")
   if key_rope is not None and q_rope is None: raise ValueError("key_rope needs q_rope's pairing")
@@ -385,7 +396,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   reads = Reads(q, k, start_pos, span := chunks_read(L, start_pos, T, variant, window, per_part), q_rope, per_part)
   key_tables = None if key_rope is None else reads.at_keys(key_rope)
   if T > 1: return _chunk_attention(reads, v, L, key_tables, scale=scale, window=window, sinks=sinks, softcap=softcap, q_norm=q_norm,
-                                    k_norm=k_norm, chunk_dtype=chunk_dtype)
+                                    k_norm=k_norm, chunk_dtype=chunk_dtype, upcast=upcast)
   shape = (B, Hkv, reads.G, T, *_chunks(k, span, per_part).shape[4:])   # the count as the shrink simplified it
   raw_q = reads.queries(shape)
   if k_norm is not None and by_self: shape = (2, *shape)   # the pair axis of normed_logits_relative_to_own_key
@@ -395,7 +406,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   keys = reads.rotated(reads.cached_keys, shape, key_tables, k_weight)
   own = reads.rotated(reads.own_keys, shape, reads.at_queries if key_rope is not None else None, k_weight) if by_self else None
   if k_norm is None:
-    logits = (qg.cast(dtypes.float32) * (keys if own is None else relative_to_own_key(keys, own)).cast(dtypes.float32)).sum(-1)
+    logits = dot(qg, keys if own is None else relative_to_own_key(keys, own), upcast)
     if q_norm is not None: logits = logits * rms_scale(raw_q, q_norm[1]).squeeze(-1)
   else:
     q_normed = (raw_q, q_norm[1]) if q_norm is not None else (None, 0.0)
@@ -407,14 +418,14 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: sint, *, scale: 
   sink_peak = None if sink is None or not by_self else own_sink_peak(reads, key_rope is not None, k.dtype == dtypes.float16, scale)
   if per_part:
     out = split_softmax_values(logits, SELF_MARGIN if by_self else None, _chunks(v, span, per_part), sink, sink_peak, L // CHUNK // per_part,
-                               weights_break)
-  elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype, weights_break)
-  else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype, weights_break)
+                               weights_break, upcast)
+  elif by_self: out = softmax_values(logits, SELF_MARGIN, _chunks(v, span), sink, sink_peak, chunk_dtype, weights_break, upcast)
+  else: out = softmax_values(logits, peak := max_peak(logits, sink), _chunks(v, span), sink, peak, chunk_dtype, weights_break, upcast)
   return out.reshape(B, Hq, T, v.shape[-1]).cast(q.dtype)
 
 def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, Tensor] | None, *, scale: float, window: int | None,
                      sinks: Tensor | None, softcap: float | None, q_norm: tuple[Tensor, float] | None, k_norm: tuple[Tensor, float] | None,
-                     chunk_dtype: DTypeLike) -> Tensor:
+                     chunk_dtype: DTypeLike, upcast: bool) -> Tensor:
   """fused_attention for several query rows (a prompt chunk): the queries and the keys read rotated and normalized once
   each, not once for each logit, so that the logits are a GEMM per kv head (attend_chunks, gemm_logits) where the fused
   reads made them a reduce over a broadcast that takes no tensor cores."""
@@ -425,4 +436,4 @@ def _chunk_attention(reads: Reads, v: Tensor, L: int, key_tables: tuple[Tensor, 
   keys = normed(reads.cached_keys, (B, reads.Hkv, 1, 1, *_chunks(reads.k, reads.span).shape[-3:]), key_tables, k_norm)
   q = normed(reads.queries, (B, reads.Hkv, G, T, 1, 1, D), reads.at_queries, q_norm).reshape(B, reads.Hkv * G, T, D)
   return attend_chunks(q, keys, _chunks(v, reads.span), L, reads.start_pos, scale=scale, window=window, sinks=sinks, softcap=softcap,
-                       chunk_dtype=chunk_dtype, first=reads.span[0]).cast(reads.q.dtype)
+                       chunk_dtype=chunk_dtype, first=reads.span[0], upcast=upcast).cast(reads.q.dtype)

@@ -21,6 +21,11 @@ def pairwise_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
   picked = pick.where(both, 0).sum(axis=-2)
   return picked[..., 0].cast(x.dtype), picked[..., 1].cast(dtypes.int32)
 
+def first_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+  """x [..., n] -> its first k values [..., k] and indices 0..k-1 [..., k] int32, as if they had been chosen: the routing's
+  choice left out (skip `topk`), to measure the rest of a MoE block alone."""
+  return x[..., :k], Tensor.arange(k, dtype=dtypes.int32).expand(*x.shape[:-1], k)
+
 TOPK_ALGORITHMS = ("pairwise", "sort")   # "sort" is tinygrad's Tensor.topk (a bitonic sort)
 
 def topk_by_name(name: str):

@@ -29,7 +29,10 @@ from quant.matvec_opts import DEFAULT_ROW_UPCAST
 SOURCES = ("runtime", "profile", "manifest", "default")
 ENV = "TINYZOO_HINTS"
 MANIFEST_PREFIX = "tinyzoo.hints."
-SKIPPABLE = ("attention", "ffn")   # component isolation: blocks leave these out of the residual stream
+# component isolation: blocks leave attention or the FFN out of the residual stream, MoE blocks their shared experts or the
+# routing's choice of experts (every token takes the first k)
+SKIPPABLE = ("attention", "ffn", "shared_expert", "topk")
+CASTS = ("keep", "drop")   # the float32 upcasts where fp16 operands are multiplied and summed
 
 def _bool(v: Any) -> bool:
   if isinstance(v, bool): return v
@@ -85,8 +88,12 @@ HINTS: dict[str, Hint] = {
   "rounding": _choice("exact", ROUNDINGS, "exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path "
                       "does: 8-bit activations into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels; matches "
                       "llama.cpp's near-ties)", run_only=True),
-  "skip": Hint((), _components, f"components left out of every block, to measure the rest alone: {' or '.join(SKIPPABLE)} (comma-"
-               "separated, or the flag repeated)", SKIPPABLE, run_only=True),
+  "skip": Hint((), _components, "components left out of every block, to measure the rest alone: attention, ffn, and in MoE blocks "
+               "shared_expert (their shared experts) or topk (the routing's choice: every token takes the first k experts, with their "
+               "scores as weights); comma-separated, or the flag repeated", SKIPPABLE, run_only=True),
+  "casts": _choice("keep", CASTS, "where fp16 operands meet (a half KV cache's keys and values in a decode step's logits and value "
+                   "sums, a half prefill's GEMM inputs), keep casts them to float32 and sums their products in float32; drop multiplies "
+                   "them in fp16, each sum rounded to fp16 (seed 003's load-bearing .float() casts removed)", run_only=True),
   "topk": _choice("pairwise", TOPK_ALGORITHMS, "how MoE routing picks its experts: pairwise rank comparisons (2 kernels) or "
                   "tinygrad's Tensor.topk (a sort)"),
   "fuse": Hint(True, _bool, "q/k/v and gate/up as one matmul per GGML type"),
@@ -94,6 +101,8 @@ HINTS: dict[str, Hint] = {
                   "break (realized first: one small kernel more per norm, the matvec reads one plain vector), single (realized by one "
                   "kernel that sums x's squares again for every group of outputs) or fold (its squares summed inside the matvecs over "
                   "packed_words weights, with exact rounding: one small kernel fewer per norm)"),
+  "shared_break": Hint(True, _bool, "a MoE block's shared experts realized before they are added to the chosen experts' sum (off: "
+                       "the shared down matmul and the down experts are one kernel of two reduces, one launch size for both)"),
   "act_break": Hint(True, _bool, "the FFN activation realized before the down matmul (off: one kernel fewer per FFN, but the "
                     "matvec recomputes the activation for each group of rows)"),
   "act_in_matmul": Hint(False, _bool, "the realized FFN activation computed by the kernel of gate and up's joined matmul, as a product "
@@ -132,6 +141,9 @@ HINTS: dict[str, Hint] = {
                       "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "
                       "expert's weights once (default 32 on a GPU, 8 on the CPU; smaller tiles pad less and read the weights "
                       "more often)", metavar="N"),
+  "mla_v_cache": Hint(False, _bool, "latent attention (DeepSeek-style MLA) keeps its values in a cache of their own, the latent "
+                      "written there beside the key rows (off: the values are the key rows' first kv_lora_rank columns, as llama.cpp "
+                      "reads them)"),
   "mla_prefill": _choice("auto", MLA_PREFILL_FORMS, "the form of a prompt chunk's latent attention (DeepSeek-style MLA): absorbed "
                         "(as a decode step: queries through attn_k_b, the latent output through attn_v_b), expanded (each position "
                         "read expanded to every head's key and value, then plain attention) or auto (whichever costs fewer "

@@ -85,28 +85,30 @@ def gemm_dtype(prefill: str) -> DTypeLike:
   """The input dtype of a prompt chunk's GEMMs (matmuls, attention's value sums) under a PREFILL_MATMULS choice."""
   return dtypes.float16 if prefill == "half" else dtypes.float32
 
-def gemm(w: Tensor, x: Tensor, dtype: DTypeLike) -> Tensor:
+def gemm(w: Tensor, x: Tensor, dtype: DTypeLike, upcast: bool = True) -> Tensor:
   """x @ w.T for many rows of x (a prompt chunk): w [..., O, in] realized in `dtype` once, x [..., *w's leading dims, in]
-  too, their products summed in float32 -> [..., O]: on a GPU with half inputs a tensor-core GEMM, each weight read once
-  for all the rows rather than once for each. A GEMM for each of several matrices (w's leading dims: latent attention's
-  heads) is realized in its own shape [*lead, rows, O]: its readers take its rows apart by x's leading dims (chunks and
-  positions), which would split the GEMM's axes off the tensor cores."""
+  too, their products summed in float32 (without `upcast`, each sum rounded to `dtype`) -> [..., O]: on a GPU with half
+  inputs a tensor-core GEMM, each weight read once for all the rows rather than once for each. A GEMM for each of
+  several matrices (w's leading dims: latent attention's heads) is realized in its own shape [*lead, rows, O]: its
+  readers take its rows apart by x's leading dims (chunks and positions), which would split the GEMM's axes off the
+  tensor cores."""
   lead = w.shape[:-2]
   rows = x.reshape(-1, *lead, x.shape[-1])
   rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]
-  y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32)
+  y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32 if upcast else None)
   if lead: y = y.contiguous()
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
 
-def grouped_gemm(w: Tensor, x: Tensor, experts: Tensor, dtype: DTypeLike) -> Tensor:
+def grouped_gemm(w: Tensor, x: Tensor, experts: Tensor, dtype: DTypeLike, upcast: bool = True) -> Tensor:
   """x @ w[e].T for tiles of x's rows, each tile with its own expert e (experts [tiles, tile]: each row's, constant across
-  a tile): w [experts, O, in] realized in `dtype` once, x [tiles * tile, in] too, products summed in float32 ->
-  [tiles * tile, O]. On a GPU with half inputs one tensor-core GEMM, each tile reading its expert's weights where it loads
-  them: the weights are indexed for each row of a tile, since the gather of one matrix per tile, broadcast over its rows,
-  would be copied out first. The output is realized in its tiles' shape: a reader of slices of its rows (the activation
-  of gate and up) would otherwise reshape the GEMM's axes so that it takes no tensor cores."""
+  a tile): w [experts, O, in] realized in `dtype` once, x [tiles * tile, in] too, products summed in float32 (without
+  `upcast`, each sum rounded to `dtype`) -> [tiles * tile, O]. On a GPU with half inputs one tensor-core GEMM, each
+  tile reading its expert's weights where it loads them: the weights are indexed for each row of a tile, since the
+  gather of one matrix per tile, broadcast over its rows, would be copied out first. The output is realized in its
+  tiles' shape: a reader of slices of its rows (the activation of gate and up) would otherwise reshape the GEMM's axes
+  so that it takes no tensor cores."""
   rows = x.cast(dtype).contiguous().reshape(*experts.shape, 1, x.shape[-1])
-  y = (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32).contiguous()
+  y = (rows * w.cast(dtype).contiguous()[experts]).sum(-1, dtype=dtypes.float32 if upcast else None).contiguous()
   return y.reshape(x.shape[0], w.shape[-2])
 
 def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tensor | None = None) -> Tensor:
@@ -117,13 +119,14 @@ def dense_dot_and_squares(w: Tensor, x: Tensor, scale: Tensor | None, sel: Tenso
   return dots.unsqueeze(-2).cat(xr.expand(dots.shape).square().unsqueeze(-2), dim=-2).sum(-1)
 
 class _PackedWeight:
-  """`prefill` (PREFILL_MATMULS): how a matmul of several rows for each matrix (a prompt chunk) reads the weights."""
+  """`prefill` (PREFILL_MATMULS): how a matmul of several rows for each matrix (a prompt chunk) reads the weights; a GEMM
+  of fp16 inputs sums their products in float32 unless not `upcast` (gemm)."""
   def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact",
-               prefill: str = "packed"):
+               prefill: str = "packed", upcast: bool = True):
     _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     if prefill not in PREFILL_MATMULS: raise ValueError(f"unknown prefill matmul {prefill!r} (choose from {', '.join(PREFILL_MATMULS)})")
-    self.weight, self.bias, self.strategy, self.rounding, self.prefill = weight, bias, strategy, rounding, prefill
+    self.weight, self.bias, self.strategy, self.rounding, self.prefill, self.upcast = weight, bias, strategy, rounding, prefill, upcast
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
     # int8_dot's CPU kernel reads the GGUF blocks themselves
     self.int8_cpu = strategy == "int8_dot" and int8_cpu.applies(weight)
@@ -143,11 +146,11 @@ class _PackedWeight:
 
   def gemm_of(self, x: Tensor) -> Tensor:
     """x @ W.T as a prefill GEMM (gemm()) of the dequantized weights, x rounded as the activations are, whatever its rows."""
-    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype())
+    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype(), self.upcast)
 
   def transposed_gemm_of(self, x: Tensor) -> Tensor:
     """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""
-    return gemm(self._float_weights().transpose(-1, -2), x, self._gemm_dtype())
+    return gemm(self._float_weights().transpose(-1, -2), x, self._gemm_dtype(), self.upcast)
 
   @property
   def device_tensors(self) -> list[Tensor]:
@@ -225,7 +228,8 @@ class QuantExperts(_PackedWeight):
     """A prompt chunk's rows in slot order (groups.rows) through their experts: x [slots, in] -> [slots, out], one GEMM
     whose tiles each read their expert's weights once."""
     experts = groups.slot_experts
-    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), experts, self._gemm_dtype())
+    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), experts, self._gemm_dtype(),
+                     self.upcast)
     return y if self.bias is None else y + self.bias[experts].reshape(y.shape)
 
   def mixed(self, x: Tensor | Int8Rows, sel: Tensor, mix: Tensor) -> Tensor:

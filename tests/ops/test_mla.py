@@ -17,20 +17,20 @@ def ref_mla(q_nope, q_pe, c, k_pe, wk, wv, scale) -> np.ndarray:
   p = np.exp(logits - logits.max(-1, keepdims=True))
   return (p / p.sum(-1, keepdims=True)) @ v
 
-@pytest.mark.parametrize("batch, softmax, split", [(B, "max", 0), (1, "self", 0), (1, "self", 1)])
-def test_mla_absorbed_matches_definition(seed, rng, batch: int, softmax: str, split: int):
+@pytest.mark.parametrize("batch, softmax, split, values", [(B, "max", 0, False), (1, "self", 0, False), (1, "self", 1, False), (B, "max", 0, True)])
+def test_mla_absorbed_matches_definition(seed, rng, batch: int, softmax: str, split: int, values: bool):
   """Prefill 4 tokens, then decode 4 more one at a time under TinyJit with a symbolic start_pos: each decode step's
   softmax stabilized by the logits' max, or by each head's logit of the newest row (one token), in one sum or split
-  into parts of a chunk (ops/attention.py)."""
+  into parts of a chunk (ops/attention.py); the values read from the key rows or from a value cache of their own."""
   prefill, total, max_ctx, scale = 4, 8, 16, (D_NOPE + D_ROPE) ** -0.5
   q_nope, q_pe = rng.normal(size=(batch, H, total, D_NOPE)), rng.normal(size=(batch, H, total, D_ROPE))
   c, k_pe = rng.normal(size=(batch, total, RANK)), rng.normal(size=(batch, total, D_ROPE))
   wk, wv = rng.normal(size=(H, D_NOPE, RANK)) / RANK ** 0.5, rng.normal(size=(H, D_V, RANK)) / RANK ** 0.5
   q_nope, q_pe, c, k_pe, wk, wv = (a.astype(np.float32) for a in (q_nope, q_pe, c, k_pe, wk, wv))
-  cache, twk, twv = LatentCache(batch, max_ctx, RANK, D_ROPE, per_part=max(1, split)), Tensor(wk), Tensor(wv)
+  cache, twk, twv = LatentCache(batch, max_ctx, RANK, D_ROPE, per_part=max(1, split), values=values), Tensor(wk), Tensor(wv)
 
   def step(q_nope: Tensor, q_pe: Tensor, c: Tensor, k_pe: Tensor, start_pos) -> Tensor:
-    latent = mla_attention(q_nope @ twk, q_pe, cache.update(c, k_pe, start_pos), start_pos, scale=scale, softmax=softmax, split=split)
+    latent = mla_attention(q_nope @ twk, q_pe, *cache.update(c, k_pe, start_pos), start_pos, scale=scale, softmax=softmax, split=split)
     return (latent @ twv.transpose(-1, -2)).realize()
   decode = TinyJit(step)
 
@@ -40,8 +40,9 @@ def test_mla_absorbed_matches_definition(seed, rng, batch: int, softmax: str, sp
   for p in range(prefill, total): outs.append(decode(*inputs(p, p + 1), UOp.variable("start_pos", 0, max_ctx - 1).bind(p)).numpy())
   ref = ref_mla(q_nope, q_pe, c, k_pe, wk, wv, scale)
   np.testing.assert_allclose(np.concatenate(outs, axis=2), ref, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
-  # one cache row per position holds concat(c, k_pe); there is no separate value cache
+  # one cache row per position holds concat(c, k_pe); a value cache, where there is one, holds c again
   np.testing.assert_allclose(cache.rows.numpy()[:, :total], np.concatenate([c, k_pe], axis=-1), err_msg=f"seed={seed}")
+  assert cache.v is None if not values else np.array_equal(cache.v.numpy()[:, :total], c)
 
 def test_mla_expanded_matches_definition(seed, rng):
   """A chunk of 5 rows in the expanded form, at a symbolic start past the first cache chunk, against the definition
@@ -55,15 +56,15 @@ def test_mla_expanded_matches_definition(seed, rng):
   wk, wv = rng.normal(size=(H, D_NOPE, RANK)) / RANK ** 0.5, rng.normal(size=(H, D_V, RANK)) / RANK ** 0.5
   q_nope, q_pe, c, k_pe, wk, wv = (a.astype(np.float32) for a in (q_nope, q_pe, c, k_pe, wk, wv))
   cache, twk, twv = LatentCache(B, max_ctx, RANK, D_ROPE), Tensor(wk), Tensor(wv)
-  cache.update(Tensor(c[:, :before]), Tensor(k_pe[:, :before]), 0).realize()
+  cache.update(Tensor(c[:, :before]), Tensor(k_pe[:, :before]), 0)[0].realize()
 
   def expand(lat: Tensor) -> tuple[Tensor, Tensor]:
     heads = lat.unsqueeze(-2).expand(*lat.shape[:-1], H, RANK)
     return (heads.unsqueeze(-2) * twk).sum(-1), (heads.unsqueeze(-2) * twv).sum(-1)
   start = UOp.variable("start_pos", 0, max_ctx - 1).bind(before)
-  rows = cache.update(Tensor(c[:, before:]), Tensor(k_pe[:, before:]), start)
+  rows, _ = cache.update(Tensor(c[:, before:]), Tensor(k_pe[:, before:]), start)
   q = Tensor(np.concatenate([q_nope, q_pe], axis=-1)[:, :, before:])
-  got = TinyJit(lambda q, rows, start: expanded_attention(q, rows, RANK, start, expand, scale=scale).realize())(q, rows, start).numpy()
+  got = TinyJit(lambda q, rows, start: expanded_attention(q, rows, rows[..., :RANK], start, expand, scale=scale).realize())(q, rows, start).numpy()
   ref = ref_mla(q_nope, q_pe, c, k_pe, wk, wv, scale)[:, :, before:]
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=f"seed={seed}")
 

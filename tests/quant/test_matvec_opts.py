@@ -511,7 +511,7 @@ def _split_latent_attention(H: int, rank: int, rope: int, split: int, device: st
   L = 2 * split * CHUNK
   q, rows = rng.standard_normal((1, H, 1, rank + rope)).astype(np.float32), rng.standard_normal((1, L, rank + rope)).astype(np.float32)
   qt, rt = (Tensor(a, device=device).realize() for a in (q, rows))
-  def step(pos) -> Tensor: return mla_attention(qt[..., :rank], qt[..., rank:], rt, pos, scale=0.1, split=split)
+  def step(pos) -> Tensor: return mla_attention(qt[..., :rank], qt[..., rank:], rt, rt[..., :rank], pos, scale=0.1, split=split)
   def want(pos: int) -> np.ndarray:
     kv = rows[:, None, :pos + 1]
     return ref_attention(q, kv, kv[..., :rank], pos, 0.1)
