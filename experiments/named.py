@@ -1,19 +1,27 @@
 """Named experiments: YAML files in experiments/defs/, each a model, a baseline and variants, every one a set of switches.
-`run` measures baseline and variants in one process, one journal record each, sharing a run id."""
+`run` measures baseline and variants in one process, one journal record each, sharing a run id; `reproduce` runs every
+experiment that reproduces a seed's finding that the device at hand can run, its records sharing a reproduction id too."""
 import dataclasses
 import datetime
 import enum
 import functools
 import os
+import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 import yaml
-from experiments.bench import BenchConfig, bench
+from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES
+from tinygrad import Device
+from experiments.bench import BenchConfig, bench, pm
+from experiments.journal import context, is_bench
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
-from models.catalog import model_label
+from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
+from quant.gguf_file import GGUFFile
+from quant.requant import requantizes
 
 DEFS = Path(__file__).with_name("defs")
 class ExperimentError(ValueError): pass
@@ -41,10 +49,16 @@ BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k
 
 class Needs(enum.Enum):
   """What a model (or the device) must have for an experiment to show its effect; a run on one without it is refused."""
-  EXPERTS = "experts"       # MoE blocks (routing, expert matmuls)
-  Q4K_ROWS = "q4k_rows"     # every matmul's rows hold whole 256-value super-blocks, so that Q4_K can hold each weight
+  EXPERTS = "experts"                # MoE blocks (routing, expert matmuls)
+  SHARED_EXPERTS = "shared_experts"  # MoE blocks with shared experts (DeepSeek's)
+  MLA = "mla"                        # latent attention (DeepSeek-style)
+  Q4K_ROWS = "q4k_rows"              # every matmul's rows hold whole 256-value super-blocks, so that Q4_K can hold each weight
   GPU = "gpu"
   CPU = "cpu"
+
+# a model need: a tensor name part that only a model with it has, and what the need is called in a refusal
+HAS_TENSOR = {Needs.EXPERTS: ("_exps.", "experts (MoE blocks)"), Needs.SHARED_EXPERTS: ("_shexp.", "shared experts"),
+              Needs.MLA: ("attn_kv_a_mqa.", "latent attention (MLA)")}
 
 class Expect(enum.Enum):
   HIGHER = "higher"
@@ -79,9 +93,16 @@ class Experiment:
                                                                       # from the baseline: text, ctx, chunks
   verdict: Verdict | None = None
   needs: tuple[Needs, ...] = ()
+  cpu_model: str | None = None   # the CPU's model where it differs (`model` is then the GPU's): a -tiny one for a seed model too large
 
   @property
   def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
+
+  def model_for(self, device: str) -> str:
+    """The model it runs on on `device` (tinygrad's name: CPU, CUDA, ...)."""
+    return self.cpu_model if self.cpu_model is not None and on_cpu(device) else self.model
+
+def on_cpu(device: str) -> bool: return device.split(":")[0] == "CPU"
 
 def _checked(where: str, table: Any, allowed: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
   """The table's entries, each key known and its value as `allowed` reads it."""
@@ -114,6 +135,12 @@ def _needs(where: str, raw: Any) -> tuple[Needs, ...]:
   try: return tuple(Needs(x) for x in items)
   except ValueError: raise ExperimentError(f"{where}: needs takes {', '.join(n.value for n in Needs)}, got {raw!r}") from None
 
+def _models(where: str, raw: Any) -> tuple[str, str | None]:
+  """`model`: one name for every device, or {gpu: NAME, cpu: NAME} -> (the GPU's, the CPU's or None)."""
+  if isinstance(raw, str) and raw: return raw, None
+  if isinstance(raw, dict) and set(raw) == {"gpu", "cpu"} and all(isinstance(v, str) and v for v in raw.values()): return raw["gpu"], raw["cpu"]
+  raise ExperimentError(f"{where}: model must be a name or {{gpu: NAME, cpu: NAME}}, got {raw!r}")
+
 def load(path: Path) -> Experiment:
   where = str(path)
   try: raw = yaml.safe_load(path.read_text())
@@ -126,10 +153,11 @@ def load(path: Path) -> Experiment:
   if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
   if unknown := set(raw) - {"description", "model", "reproduces", "bench", "baseline", "variants", "quality", "verdict", "needs"}:
     raise ExperimentError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-  return Experiment(path.stem, str(raw["description"]).strip(), str(raw["model"]), str(raw.get("reproduces", "")).strip(),
+  model, cpu_model = _models(where, raw["model"])
+  return Experiment(path.stem, str(raw["description"]).strip(), model, str(raw.get("reproduces", "")).strip(),
                     _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants,
                     _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS),
-                    _verdict(where, raw.get("verdict"), {v.name for v in variants}), _needs(where, raw.get("needs")))
+                    _verdict(where, raw.get("verdict"), {v.name for v in variants}), _needs(where, raw.get("needs")), cpu_model)
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
@@ -150,71 +178,171 @@ def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
     raise ExperimentError(f"{exp.name} has no variant {sorted(unknown)[0]!r} (variants: {', '.join(v.name for v in exp.all_variants)})")
   return [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
 
-def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None, base: BenchConfig | None = None,
-        only: list[str] | None = None, sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None,
-        progress: bool = False) -> list[dict]:
+Q4K_ROW = GGML_QUANT_SIZES[T.Q4_K][0]
+
+def unmet(exp: Experiment, model: str, model_path: Callable[[str], Path], device: str) -> str | None:
+  """Why `exp` cannot show its effect on `model` on `device` (tinygrad's name), in one line; None where it can. The
+  device's needs are checked first, so that a model (a synthetic preset, written on first use) is made only where the
+  device can run the experiment; the model's are read from its file's tensor directory, no weight loaded."""
+  for need, wrong, wants in ((Needs.GPU, on_cpu(device), "a GPU"), (Needs.CPU, not on_cpu(device), "the CPU")):
+    if need in exp.needs and wrong: return f"{exp.name} needs {wants}: this device is {device}"
+  if not (needs := [n for n in exp.needs if n not in (Needs.GPU, Needs.CPU)]): return None
+  g = GGUFFile(model_path(model))
+  for need in needs:
+    if need is Needs.Q4K_ROWS:
+      # a weight a Q4_0 copy holds in Q4_0 that a Q4_K copy keeps in its old type: its rows are no whole super-blocks
+      held = lambda info, t: info.ggml_type == t or requantizes(info, t)
+      if (misfit := next((i for i in g.tensors.values() if held(i, T.Q4_0) and not held(i, T.Q4_K)), None)) is not None:
+        return (f"{exp.name} needs weights that Q4_0 and Q4_K can both hold (rows of whole {Q4K_ROW}-value super-blocks): "
+                f"{model}'s {misfit.name} has rows of {misfit.shape[-1]}")
+    elif not any(HAS_TENSOR[need][0] in name for name in g.tensors): return f"{exp.name} needs {HAS_TENSOR[need][1]}: {model} has none"
+  return None
+
+def _stamp() -> str: return f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = None,
+        base: BenchConfig | Callable[[Path], BenchConfig] | None = None, only: list[str] | None = None, sizes: dict[str, int] | None = None,
+        on_record: Callable[[dict], None] = lambda r: None, progress: bool = False, reproduction: str | None = None) -> list[dict]:
   """Benches the baseline and each variant (or the `only` ones, baseline always first) on `model` (default the
-  experiment's), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline. Where the
-  experiment asks for quality, each variant's records carry its perplexity and, the baseline's excepted, its KL
-  divergence from the baseline. Returns the records."""
-  chosen, base = chosen_variants(exp, only), base or BenchConfig()   # made here: its hints' defaults choose tinygrad's device
-  name = model or exp.model
+  experiment's for this device), at each of its depths; llama.cpp, when installed, is measured once, beside the baseline.
+  A model or device that cannot show the experiment's effect (its `needs`) is refused. `base` is the config the
+  switches apply over, or what makes it from the model's file (its hints: the device's profile, the file's manifest).
+  Where the experiment asks for quality, each variant's records carry its perplexity and, the baseline's excepted, its
+  KL divergence from the baseline. Records carry the `reproduction` id where given. Returns the records."""
+  chosen, name = chosen_variants(exp, only), model or exp.model_for(Device.DEFAULT)
+  if (why := unmet(exp, name, model_path, Device.DEFAULT)) is not None: raise ExperimentError(why)
   path = model_path(name)
-  run_id = f"{exp.name}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+  base = base(path) if callable(base) else base or BenchConfig()   # made here: its hints' defaults choose tinygrad's device
+  run_id, tags = f"{exp.name}-{_stamp()}", {} if reproduction is None else {"reproduction": reproduction}
   records = []
   with tempfile.TemporaryDirectory(prefix="tinyzoo-quality-") as workdir:
     probe = quality_probe(exp.quality, workdir, progress) if exp.quality else None
     for v in chosen:
       cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
       for measured in bench(path, model_label(name), cfg, probe):
-        record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id}
+        record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id, **tags}
         on_record(record)
         records.append(record)
   return records
+
+SEED = re.compile(r"\bseed \d+")   # how an experiment's `reproduces` names the seed document whose finding it re-runs
+
+def seed_experiments(defs: Path = DEFS, only: list[str] | None = None) -> list[Experiment]:
+  """The experiments whose `reproduces` names a seed, or the `only` ones of them."""
+  found = {n: e for n, e in load_all(defs).items() if SEED.search(e.reproduces)}
+  if only and (unknown := sorted(set(only) - set(found))):
+    raise ExperimentError(f"no experiment named {unknown[0]!r} reproduces a seed (those that do: {', '.join(found) or 'none'})")
+  return [e for n, e in found.items() if not only or n in only]
+
+@dataclass(frozen=True)
+class Reproduction:
+  id: str
+  commit: str
+  device: str
+  ran: tuple[str, ...]
+  refused: tuple[tuple[str, str], ...]   # (experiment, why)
+
+  def summary(self) -> str:
+    refused = "; ".join(why for _, why in self.refused)
+    return (f"reproduction {self.id} at {self.commit} on {self.device}: ran {len(self.ran)} ({', '.join(self.ran) or 'none'}); "
+            f"refused {len(self.refused)}" + (f" ({refused})" if refused else ""))
+
+def reproduce(model_path: Callable[[str], Path], base: Callable[[Path], BenchConfig], defs: Path = DEFS, only: list[str] | None = None,
+              sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None,
+              on_results: Callable[[Experiment, list[dict]], None] = lambda e, r: None, progress: bool = False) -> Reproduction:
+  """Runs every experiment that reproduces a seed (or the `only` ones) on its model for the device at hand, baseline
+  beside variants (`run`), at one commit: a tree with uncommitted changes is refused, unless TINYZOO_COMMIT names the
+  commit (a copied tree, journal.context). An experiment the device or its model cannot show is refused with the reason,
+  as is one whose model is not installed; `on_results` takes each one's records as it ends. Every record carries the
+  reproduction's id beside its run's; a line on stderr says which experiment starts."""
+  experiments, code = seed_experiments(defs, only), context()
+  if code["dirty"]:
+    raise ExperimentError(f"the tree has uncommitted changes beside commit {code['commit']}: commit them, so that every record is of "
+                          "one commit (a copied tree gives its commit as TINYZOO_COMMIT)")
+  rid, device, ran, refused = f"reproduction-{_stamp()}", Device.DEFAULT, [], []
+  for i, exp in enumerate(experiments, 1):
+    model = exp.model_for(device)
+    print(f"reproduce [{i}/{len(experiments)}] {exp.name} on {model}", file=sys.stderr, flush=True)
+    try:
+      if (why := unmet(exp, model, model_path, device)) is None: model_path(model)   # one not installed is refused too
+    except ModelNotFound as e: why = f"{exp.name}: {e}"
+    if why is not None:
+      print(f"refused: {why}", file=sys.stderr, flush=True)
+      refused.append((exp.name, why))
+      continue
+    on_results(exp, run(exp, model_path, model, base, sizes=sizes, on_record=on_record, progress=progress, reproduction=rid))
+    ran.append(exp.name)
+  return Reproduction(rid, code["commit"], code["device"], tuple(ran), tuple(refused))
 
 def quality_probe(spec: dict[str, Any], workdir: str, progress: bool = False) -> Probe:
   """An experiment's `quality` table as a probe: its text (default the system's, experiments/quality.py), ctx (default
   512) and chunks (default all)."""
   return Probe(spec.get("text", DEFAULT_TEXT), spec.get("ctx", DEFAULT_CTX), spec.get("chunks"), workdir, progress)
 
+def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+def _mean_sd(m: Any, key: str, digits: int) -> str:
+  """m[key] as `mean ± sd` where its spread was measured, the mean alone where not, '-' where it was not measured."""
+  return pm(m, key, digits) if isinstance(m, dict) and _number(m.get(key)) else "-"
+
+def _change(m: dict, base: dict, key: str) -> str:
+  a, b = m.get(key), base.get(key)
+  return f"{100 * (a / b - 1):+.1f}%" if _number(a) and _number(b) and b > 0 else "-"
+
 def results_table(records: list[dict]) -> str:
-  """Variants beside their baseline at the same depth: kernels/token, tok/s and prompt processing tok/s with the changes
-  from the baseline, and llama.cpp's tok/s where it was measured."""
-  bases = {r["metrics"]["depth"]: r["metrics"] for r in records if r["baseline"]}
-  head = (f"{'variant':<24} {'depth':>6} {'kernels/tok':>11} {'Δ kernels':>9} {'tok/s':>8} {'Δ tok/s':>8} {'ms/tok':>8} {'MB/tok':>8} "
-          f"{'pp tok/s':>9} {'Δ pp':>8} {'llama.cpp':>9}")
+  """Variants beside their baseline at the same depth: kernels/token, tok/s and prompt processing tok/s (mean ± sd where
+  the spread was measured) with the changes from the baseline, and the peer's (llama.cpp's) where it was measured. Under
+  the table: each flagged record's flags (the record marked ! in its row), the records that cannot be compared and why,
+  and what an old record's pp means."""
+  bases = {r["metrics"].get("depth"): r["metrics"] for r in records if r.get("baseline")}
+  head = ["variant", "depth", "kernels/tok", "Δ kernels", "tok/s", "Δ tok/s", "ms/tok", "MB/tok", "pp tok/s", "Δ pp", "llama.cpp",
+          "llama.cpp pp"]
   with_quality = any("quality" in r for r in records)
-  if with_quality: head += f" {'perplexity':>10} {'KL':>9} {'top-1':>7}"
-  lines = [head, "-" * len(head)]
+  if with_quality: head += ["perplexity", "KL", "top-1"]
+  rows, flags, notes, prefill = [], [], [], set()
   for r in records:
     m = r["metrics"]
-    if (base := bases.get(m["depth"])) is None: continue
-    dk, ds = m["kernels_per_token"] - base["kernels_per_token"], 100 * (m["tok_s"] / base["tok_s"] - 1)
-    dp = 100 * (m["pp_tok_s"] / base["pp_tok_s"] - 1)
-    peer = f"{r['peer']['tok_s']:>9.2f}" if "peer" in r else f"{'-':>9}"
-    lines.append(f"{r['variant'] + (' (baseline)' if r['baseline'] else ''):<24} {m['depth']:>6} {m['kernels_per_token']:>11} {dk:>+9} "
-                 f"{m['tok_s']:>8.2f} {ds:>+7.1f}% {m['ms_per_token']['median']:>8.2f} {m['bytes_per_token'] / 1e6:>8.1f} {m['pp_tok_s']:>9.1f} "
-                 f"{dp:>+7.1f}% {peer}" + (quality_columns(r.get("quality")) if with_quality else ""))
-  return "\n".join(lines)
+    name = f"{r.get('variant')}{' (baseline)' if r.get('baseline') else ''}"
+    at = f"{name} @d{m.get('depth')}"
+    if (base := bases.get(m.get("depth"))) is None:
+      notes.append(f"not comparable: {at}: the run has no baseline at that depth")
+      continue
+    if not _number(m.get("pp_tok_s")): notes.append(f"pp not comparable: {at}: no pp measured")
+    if "pp_tok_s" in r.get("upgraded", ()): prefill.add(m.get("pp_tokens"))
+    kpt, ms, nbytes = m.get("kernels_per_token"), (m.get("ms_per_token") or {}).get("median"), m.get("bytes_per_token")
+    rows.append([name + (" !" if r.get("flags") else ""), str(m.get("depth", "-")), str(kpt) if _number(kpt) else "-",
+                 f"{kpt - base['kernels_per_token']:+}" if _number(kpt) and _number(base.get("kernels_per_token")) else "-",
+                 _mean_sd(m, "tok_s", 2), _change(m, base, "tok_s"), f"{ms:.2f}" if _number(ms) else "-",
+                 f"{nbytes / 1e6:.1f}" if _number(nbytes) else "-", _mean_sd(m, "pp_tok_s", 1), _change(m, base, "pp_tok_s"),
+                 _mean_sd(r.get("peer"), "tok_s", 2), _mean_sd(r.get("peer"), "pp_tok_s", 1),
+                 *(quality_cells(r.get("quality")) if with_quality else [])])
+    flags += [f"! {at}: {flag}" for flag in r.get("flags") or ()]
+  if prefill: notes.append(f"pp of records from before --pp: the prefill of their prompt ({', '.join(map(str, sorted(prefill, key=str)))} tokens)")
+  widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+  line = lambda cells: " ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+  return "\n".join([line(head), "-" * len(line(head)), *map(line, rows), *flags, *notes])
 
-def quality_columns(q: dict | None) -> str:
-  if q is None: return f" {'-':>10} {'-':>9} {'-':>7}"
-  kl, top1 = (f"{q['kl_mean']:>9.6f}", f"{100 * q['top1']:>6.2f}%") if "kl_mean" in q else (f"{'base':>9}", f"{'':>7}")
-  return f" {q['perplexity']:>10.4f} {kl} {top1}"
+def quality_cells(q: dict | None) -> list[str]:
+  if not isinstance(q, dict) or not _number(q.get("perplexity")): return ["-", "-", "-"]
+  kl, top1 = (f"{q['kl_mean']:.6f}", f"{100 * q['top1']:.2f}%") if _number(q.get("kl_mean")) and _number(q.get("top1")) else ("base", "")
+  return [f"{q['perplexity']:.4f}", kl, top1]
 
 def describe(exp: Experiment, journal_records: list[dict]) -> str:
-  lines = [f"{exp.name}: {exp.description}", f"model: {exp.model}"]
+  """The experiment, and the latest run of it on each model and device the journal has it on, each beside its baseline."""
+  lines = [f"{exp.name}: {exp.description}", f"model: {exp.model}" + (f" (on the CPU: {exp.cpu_model})" if exp.cpu_model else "")]
   if exp.reproduces: lines.append(f"reproduces: {exp.reproduces}")
   if exp.bench: lines.append("bench: " + ", ".join(f"{k}={v}" for k, v in exp.bench.items()))
   if exp.quality: lines.append("quality: " + ", ".join(f"{k}={v}" for k, v in exp.quality.items()) + " (perplexity; KL divergence from the baseline)")
   for v in exp.all_variants:
     switches = ", ".join(f"{k}={v}" for k, v in v.switches.items()) or "defaults"
     lines.append(f"  {'baseline' if v is exp.baseline else 'variant '} {v.name:<22} {switches}")
-  runs = [r for r in journal_records if r.get("experiment") == exp.name]
-  if runs:
-    latest = runs[-1]["run"]
-    chosen = [r for r in runs if r["run"] == latest]
-    lines += ["", f"latest run {latest} ({chosen[0]['device']}, commit {chosen[0]['commit']}{'+' if chosen[0]['dirty'] else ''}):",
-              results_table(chosen) if any(r["baseline"] for r in chosen) else "(no baseline in that run)"]
-  else: lines += ["", "not run yet: tinyzoo exp run " + exp.name]
+  runs = [r for r in journal_records if r.get("experiment") == exp.name and is_bench(r)]
+  latest: dict[tuple[str, str], Any] = {}   # each model and device the experiment ran on: the run of its newest record
+  for r in runs: latest[(str(r.get("device")), str(r.get("model")))] = r.get("run")
+  for (device, model), run_id in sorted(latest.items()):
+    chosen = [r for r in runs if r.get("run") == run_id and (str(r.get("device")), str(r.get("model"))) == (device, model)]
+    commits = list(dict.fromkeys(f"{r.get('commit')}{'+' if r.get('dirty') else ''}" for r in chosen))
+    lines += ["", f"latest run on {model}, {device}: {run_id} (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)})",
+              results_table(chosen) if any(r.get("baseline") for r in chosen) else "(no baseline in that run)"]
+  if not runs: lines += ["", "not run yet: tinyzoo exp run " + exp.name]
   return "\n".join(lines)

@@ -2,6 +2,7 @@
 import argparse
 import os
 import sys
+from pathlib import Path
 from models.catalog import DEFAULT_MODEL, REAL_MODELS, ModelNotFound, model_label, resolve_model
 from quant.gguf_file import GGUFError, GGUFFile
 from quant.qtensor import UnsupportedType
@@ -146,18 +147,32 @@ def cmd_exp(args) -> None:
     for exp in named.load_all().values():
       print(f"{exp.name:<20} {exp.model:<16} {1 + len(exp.variants)} runs  {textwrap.shorten(exp.description, 90)}")
   elif args.exp_command == "show": print(named.describe(named.find(args.name), journal.read(args.journal)))
-  else:
-    from experiments.bench import BenchConfig
-    from profiles.device import resolve_hints
-    exp = named.find(args.name)
-    sizes = {k: v for k, v in (("tokens", args.tokens), ("warmup", args.warmup)) if v is not None}
-    if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
+  elif args.exp_command == "run":
+    exp, sizes, base = named.find(args.name), experiment_sizes(args), experiment_base(args)
     named.chosen_variants(exp, args.variant)
-    hints = resolve_hints(resolve_model(args.model or exp.model), {}, profile=not args.no_profile)
-    if args.bench_repeats < 1: raise ValueError(f"--repeats must be at least 1, got {args.bench_repeats}")
-    base = BenchConfig(hints, peer=not args.no_peer, llama_bench=args.llama_bench, kept_programs=args.kept_programs, repeats=args.bench_repeats)
     records = named.run(exp, resolve_model, args.model, base, args.variant, sizes, on_record=trial_noter(args), progress=sys.stderr.isatty())
     print(named.results_table(records))
+  else:
+    def results(exp: named.Experiment, records: list[dict]) -> None:
+      print(f"{exp.name} ({exp.reproduces})\n{named.results_table(records)}\n", flush=True)
+    done = named.reproduce(resolve_model, experiment_base(args), args.defs or named.DEFS, args.only, experiment_sizes(args), trial_noter(args),
+                           results, sys.stderr.isatty())
+    print(done.summary())
+
+def experiment_sizes(args) -> dict[str, int]:
+  """The bench sizes `exp run` and `exp reproduce` were given, over every experiment's own."""
+  sizes = {k: v for k, v in (("tokens", args.tokens), ("warmup", args.warmup)) if v is not None}
+  if any(v < (1 if k == "tokens" else 0) for k, v in sizes.items()): raise ValueError(f"bad --tokens/--warmup: {sizes}")
+  return sizes
+
+def experiment_base(args):
+  """What makes an experiment's config from its model's file: the file's hints (with this device's profile unless
+  --no-profile), the peer and repeats as the flags say."""
+  from experiments.bench import BenchConfig
+  from profiles.device import resolve_hints
+  if args.bench_repeats < 1: raise ValueError(f"--repeats must be at least 1, got {args.bench_repeats}")
+  return lambda path: BenchConfig(resolve_hints(path, {}, profile=not args.no_profile), peer=not args.no_peer, llama_bench=args.llama_bench,
+                                  kept_programs=args.kept_programs, repeats=args.bench_repeats)
 
 def cmd_plot(args) -> None:
   from experiments import journal
@@ -167,6 +182,11 @@ def cmd_plot(args) -> None:
     raise ValueError(f"{path}: no journal records (the project's are in {journal.PROJECT_JOURNAL})")
   out = plot(records, args.kind, args.output, experiment=args.experiment, model=args.model, device=args.device)
   print(f"wrote {out}")
+
+def cmd_report(args) -> None:
+  from experiments import journal
+  from experiments.report import report
+  print(f"wrote {report(args.journal or journal.user_journal(), args.output)}")
 
 def trial_noter(args):
   """What `exp run` and `tune` do with each trial's record as it comes: journal it (unless --no-journal) and say it."""
@@ -241,6 +261,18 @@ def add_repeats_option(s: argparse.ArgumentParser) -> None:
   s.add_argument("-r", "--repeats", dest="bench_repeats", type=int, default=3, metavar="N", help="time decode at each depth and prompt "
                  "processing N times, as llama-bench's -r, and the peer likewise: records and tables give the mean ± sd, and a "
                  "spread over 5%% of the mean is flagged noisy (default 3)")
+
+def add_experiment_options(s: argparse.ArgumentParser) -> None:
+  """The bench sizes, peer, profile and journal of `exp run` and `exp reproduce`."""
+  s.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
+  s.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
+  add_repeats_option(s)
+  s.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
+  s.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
+                 "variants' switches apply over either), and the built-in GPU matvec sizes")
+  s.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
+  add_kept_programs_option(s)
+  add_journal_options(s, "the records")
 
 def add_kept_programs_option(s: argparse.ArgumentParser) -> None:
   s.add_argument("--kept-programs", action="store_true", help="take compiled programs from the cache directory where a run compiled "
@@ -398,7 +430,8 @@ def parser() -> argparse.ArgumentParser:
   add_bench_options(s)
   s.set_defaults(fn=cmd_profile)
 
-  s = sub.add_parser("exp", help="named experiments: list, show, run (baseline and variants, one journal record each)",
+  s = sub.add_parser("exp", help="named experiments: list, show, run (baseline and variants, one journal record each), reproduce (every "
+                     "seed finding this device can run)",
                      description="Experiments are YAML files in experiments/defs/: a model, a baseline and variants, each a set of switches "
                                  "(strategy per quant type, FFN split, component isolation, requantized copies, BEAM, JIT batch size, ...).")
   exp = s.add_subparsers(dest="exp_command", required=True, metavar="ACTION")
@@ -409,18 +442,31 @@ def parser() -> argparse.ArgumentParser:
                  "results/journal.jsonl)")
   e = exp.add_parser("run", help="bench the baseline and every variant in one run, appending one journal record each")
   e.add_argument("name")
-  e.add_argument("--model", help="run on this model instead of the experiment's")
+  e.add_argument("--model", help="run on this model instead of the experiment's (its model for this device)")
   e.add_argument("--variant", action="append", help="run only this variant (repeatable; the baseline always runs)")
-  e.add_argument("--tokens", type=int, help="timed decode steps (default: the experiment's, else 64)")
-  e.add_argument("--warmup", type=int, help="decode steps after capture before timing (default: the experiment's, else 4)")
-  add_repeats_option(e)
-  e.add_argument("--no-peer", action="store_true", help="skip the llama.cpp measurement beside the baseline")
-  e.add_argument("--no-profile", action="store_true", help="start from the built-in hints instead of this device's profile (the "
-                 "variants' switches apply over either), and the built-in GPU matvec sizes")
-  e.add_argument("--llama-bench", metavar="BINARY", help=LLAMA_BENCH_HELP)
-  add_kept_programs_option(e)
-  add_journal_options(e, "the records")
+  add_experiment_options(e)
+  e = exp.add_parser("reproduce", help="run every experiment that reproduces a seed finding and that this device can run, at one clean "
+                     "commit, each on its model for this device with its baseline beside its variants",
+                     description="Runs each experiment whose `reproduces` names a seed, on its model for this device (a definition's "
+                                 "`model: {gpu: ..., cpu: ...}`), printing its results table as it ends; one that this device or its "
+                                 "model cannot show (its `needs`) is refused with the reason. A tree with uncommitted changes is "
+                                 "refused unless TINYZOO_COMMIT names the commit. Every record carries the reproduction's id.")
+  e.add_argument("--only", metavar="NAME", action="append", help="run only this experiment (repeatable)")
+  e.add_argument("--defs", metavar="DIR", type=Path, help="the experiment definitions of this folder instead of experiments/defs/")
+  add_experiment_options(e)
   s.set_defaults(fn=cmd_exp)
+
+  s = sub.add_parser("report", help="the results page of a journal: report.md and its charts",
+                     description="Writes DIR/report.md and the charts it shows into DIR/charts/: for each named experiment the seed's "
+                                 "claim, its latest run on each device and model with every variant's mean ± sd, and the verdict its "
+                                 "definition's rule gives (reproduced, not reproduced, contradicted, or not run on that device); then the "
+                                 "speed matrix beside llama.cpp: per device and model, the latest pp512 and decode at each depth recorded, "
+                                 "with the ratio, kernels per token and the memory floor. The project's page is remade by "
+                                 "`tinyzoo report results/journal.jsonl -o results`.")
+  s.add_argument("journal", nargs="?", default=None, help="a journal file (default: yours, $TINYZOO_JOURNAL or "
+                 "~/.local/share/tinyzoo/journal.jsonl; the project's records are results/journal.jsonl)")
+  s.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write report.md and charts/ into (made where missing)")
+  s.set_defaults(fn=cmd_report)
 
   from experiments.journal import KINDS   # not experiments.plot: matplotlib takes half a second to import
   s = sub.add_parser("plot", help="charts from the journal: kernels and tok/s per variant, category breakdown, history, prompt processing, "

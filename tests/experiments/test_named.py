@@ -4,10 +4,11 @@ import re
 from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType
-from experiments import named
+from experiments import journal, named
 from experiments.bench import BenchConfig
 from profiles.hints import SKIPPABLE, resolve
 from quant.linear import StrategyPlan
+from tinyzoo.cli import main
 
 def test_committed_experiments_load_and_configure():
   experiments = named.load_all()
@@ -85,3 +86,43 @@ def test_strategy_specs(spec: str, plan: StrategyPlan):
                                            ("experts=nope", "unknown matmul strategy 'nope'"), ("attn=split", "nor 'ffn' nor 'experts'")])
 def test_bad_strategy_specs(spec: str, message: str):
   with pytest.raises(ValueError, match=message): StrategyPlan.parse(spec)
+
+def result(variant: str, depth: int, tok_s: float, baseline: bool = False, run: str = "r1", device: str = "CPU: test", commit: str = "abc1234",
+           dirty: bool = False, **metrics) -> dict:
+  return {"experiment": "x", "run": run, "variant": variant, "baseline": baseline, "model": "m", "device": device, "commit": commit,
+          "dirty": dirty, "metrics": {"depth": depth, "kernels_per_token": 100, "tok_s": tok_s, "ms_per_token": {"median": 1e3 / tok_s},
+                                      "bytes_per_token": 2e6, **metrics}}
+
+def test_results_table_spread_flags_and_what_cannot_be_compared():
+  """tok/s and pp tok/s as mean ± sd where the record has the spread (the peer's likewise), the mean alone where not; a
+  flagged record marked ! and its flags under the table; a record with no pp, or none of its baseline's depth, said so."""
+  base = {**result("base", 0, 10.0, True, tok_s_sd=0.5, pp_tok_s=100.0, pp_tok_s_sd=2.0),
+          "peer": {"tok_s": 20.0, "tok_s_sd": 1.0, "pp_tok_s": 300.0}, "flags": ["noisy: tinyzoo tok_s 10.0 ± 0.5"]}
+  old = result("old", 0, 12.0, pp_tok_s=110.0)
+  table = named.results_table([base, old, result("no pp", 0, 9.0), result("deep", 4096, 5.0, pp_tok_s=100.0)]).splitlines()
+  head, _, b, o, n, *under = table
+  assert head.split()[:5] == ["variant", "depth", "kernels/tok", "Δ", "kernels"]
+  assert b.startswith("base (baseline) !") and "10.00 ± 0.50" in b and "100.0 ± 2.0" in b and "20.00 ± 1.00" in b and b.endswith(" 300.0")
+  assert "±" not in o and "12.00  +20.0%" in o and "110.0 +10.0%" in o
+  assert n.split()[-4:] == ["-", "-", "-", "-"]   # no pp, so no change in it; no peer
+  assert under == ["! base (baseline) @d0: noisy: tinyzoo tok_s 10.0 ± 0.5", "pp not comparable: no pp @d0: no pp measured",
+                   "not comparable: deep @d4096: the run has no baseline at that depth"]
+
+def test_show_takes_the_latest_run_on_each_device(tmp_path: Path):
+  """`exp show`: the latest run on each model and device, each with its device and commit (+ where dirty)."""
+  exp = named.find("x", write(tmp_path, GOOD))
+  records = [result("base", 32, 5.0, True, run="cpu-old"), result("base", 32, 6.0, True, run="cpu-new", dirty=True),
+             result("split ffn", 32, 3.0, run="cpu-new", dirty=True),
+             result("base", 32, 900.0, True, run="gpu", device="CUDA: H100", commit="def5678")]
+  out = named.describe(exp, records)
+  assert "latest run on m, CPU: test: cpu-new (commit abc1234+)" in out and "latest run on m, CUDA: H100: gpu (commit def5678)" in out
+  assert "cpu-old" not in out and "6.00" in out and "900.00" in out and "5.00" not in out
+
+@pytest.mark.parametrize("name", sorted(named.load_all()))
+def test_show_every_experiment_over_the_projects_journal(name: str, capsys: pytest.CaptureFixture):
+  """`tinyzoo exp show` over the project's committed journal, whose records are of every generation: each experiment's
+  latest run on each model and device beside its baseline, or that it has not run."""
+  assert main(["exp", "show", name, "--journal", str(journal.PROJECT_JOURNAL)]) == 0
+  out, err = capsys.readouterr()
+  assert not err and ("latest run on " in out or "not run yet" in out)
+  if name == "moe-topk": assert out.count("latest run on ") >= 5   # one run on each of its models
