@@ -1,9 +1,11 @@
-"""Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run, speed against the memory
-floor and the peers, the kernel mix, tok/s over commits, prompt processing per model against the peer's, decode tok/s
-against the depth of context before it beside the peer's at the same depths, and tok/s against KL divergence per variant.
+"""Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run on each model and device,
+speed against the memory floor and the peers, the kernel mix, tok/s over commits per device, prompt processing per model
+against the peer's, decode tok/s against the depth of context before it beside the peer's at the same depths, and tok/s
+against KL divergence per variant.
 
-Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), written whole or not at all: saved to a
-temp file beside the target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
+Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), no wider than 2,000 px (more panels wrap
+into rows), each panel titled with its device and commits; written whole or not at all: saved to a temp file beside the
+target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
 import datetime
 import itertools
 import math
@@ -11,6 +13,7 @@ import os
 import re
 import statistics
 import tempfile
+import textwrap
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +28,15 @@ from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sor
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 120
+MAX_IN = 2000 / DPI   # the widest a chart is drawn, in inches: 2,000 px, about a screen; more panels wrap into rows
 SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "tinyzoo"}   # SVG text stays text (searchable, smaller); ids reproducible
 BASELINE_COLOR, VARIANT_COLOR, TOKS_COLOR, FLOOR_COLOR = "#9e9e9e", "#4c72b0", "#dd8452", "#c44e52"
 CATEGORY_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 LABEL_BOX = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
 PEER_STYLES = (("#2ca02c", "--"), ("#9467bd", "-."), ("#8c564b", ":"), ("#17becf", "--"))
+MARKERS = ("o", "s", "^", "D", "v")
+HISTORY_STEP = 0.45   # inches per commit on the history chart
+MAX_LINES = 6         # tinyzoo's lines in a depth panel of bench records: the newest switch settings
 
 def short_device(device: str) -> str:
   """'CPU: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz, 2 cores' -> 'CPU: Intel Xeon Platinum 8375C, 2 cores'."""
@@ -52,11 +59,23 @@ def _metrics(r: dict) -> dict: return r.get("metrics") if isinstance(r.get("metr
 
 def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
+def _positive(x: Any) -> bool: return _number(x) and x > 0
+
 def _plural(n: int, word: str) -> str: return f"{n} {word}{'' if n == 1 else 's'}"
+
+def _commit(r: dict) -> str: return str(r.get("commit") or "?")[:7] + ("+" if r.get("dirty") else "")
+
+def _commits(records: list[dict]) -> str:
+  """The commits `records` were measured at, for a title (+: with uncommitted changes): up to three named, more as a
+  count with the first and the last."""
+  seen = list(dict.fromkeys(map(_commit, sorted(records, key=_time))))
+  if len(seen) <= 3: return f"commit{'s' if len(seen) > 1 else ''} {', '.join(seen)}"
+  return f"{len(seen)} commits, {seen[0]} … {seen[-1]}"
 
 def _check_experiment(experiment: str | None, known: list[str]) -> None:
   if experiment is not None and experiment not in known:
-    raise ValueError(f"unknown experiment {experiment!r}; known: {', '.join(known) or 'none (no journal record comes from an experiment run)'}")
+    raise ValueError(f"no record of experiment {experiment!r}; the records' experiments: "
+                     f"{', '.join(known) or 'none (no journal record comes from an experiment run)'}")
 
 @dataclass
 class Panel:
@@ -68,7 +87,7 @@ class Panel:
   records: list[dict]
 
   @property
-  def title(self) -> str: return f"{self.experiment} · {self.model}\n{short_device(self.device)}"
+  def title(self) -> str: return f"{self.experiment} · {self.model}\n{short_device(self.device)} · {_commits(self.records)}"
 
   def labels(self) -> list[str]: return [f"{r['variant']}\n(baseline)" if r.get("baseline") else str(r["variant"]) for r in self.records]
 
@@ -85,20 +104,19 @@ def _panels(records: list[dict], experiment: str | None, model: str | None, need
     models = sorted({str(r.get("model")) for r in runs})
     runs = [r for r in runs if r.get("model") == model]
     if not runs: raise ValueError(f"no experiment records for model {model!r}; models: {', '.join(models)}")
+  # each experiment's latest run on each model and device it ran on: a run on a model that cannot show the effect (an
+  # experiment about experts, last run on a model without) stands beside the others, never in their place
+  by_run: dict[tuple, dict[Any, list[dict]]] = defaultdict(lambda: defaultdict(list))
+  for r in runs: by_run[(str(r["experiment"]), str(r.get("model")), str(r.get("device")))][r.get("run")].append(r)
   panels, skipped = [], Counter()
-  for name in sorted({str(r["experiment"]) for r in runs}):
-    by_run = defaultdict(list)
-    for r in runs:
-      if r["experiment"] == name: by_run[r.get("run")].append(r)
-    run_id = max(by_run, key=lambda k: max(map(_time, by_run[k])))
-    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for r in sorted(by_run[run_id], key=_time):
+  for (name, mod, dev), runs_there in sorted(by_run.items()):
+    run_id = max(runs_there, key=lambda k: max(map(_time, runs_there[k])))
+    variants: dict[str, dict] = {}
+    for r in sorted(runs_there[run_id], key=_time):
       if r.get("variant") is None: skipped["without a variant name"] += 1
       elif not need(r): skipped[f"without {what}"] += 1
-      else: groups[(str(r.get("model")), str(r.get("device")))][str(r["variant"])] = r   # a variant measured twice: the latest
-    for (mod, dev), variants in groups.items():
-      ordered = sorted(variants.values(), key=lambda r: (not r.get("baseline"), _time(r)))
-      panels.append(Panel(name, run_id, mod, dev, ordered))
+      else: variants[str(r["variant"])] = r   # a variant measured twice: the latest
+    if variants: panels.append(Panel(name, run_id, mod, dev, sorted(variants.values(), key=lambda r: (not r.get("baseline"), _time(r)))))
   notes.extend(f"skipped {_plural(n, 'record')} {why}" for why, n in skipped.items())
   if not panels:
     scope = f"experiment {experiment!r}" if experiment else "the latest experiment runs"
@@ -108,7 +126,10 @@ def _panels(records: list[dict], experiment: str | None, model: str | None, need
   return panels
 
 def _grid(n: int, width: float, height: float) -> tuple[Figure, list[Axes]]:
-  cols = 1 if n == 1 else 2
+  """A figure of n panels of `width` by `height` inches (no wider than MAX_IN), as many side by side as fit in MAX_IN,
+  the rest wrapped into rows."""
+  width = min(width, MAX_IN)
+  cols = max(1, min(n, int(MAX_IN // width)))
   rows = math.ceil(n / cols)
   fig = Figure(figsize=(width * cols, height * rows), dpi=DPI)
   return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
@@ -117,6 +138,7 @@ def _panel_width(panels: list[Panel]) -> float: return max(5.5, 2.8 + 1.0 * max(
 
 def _variant_ticks(ax: Axes, panel: Panel) -> None:
   labels = panel.labels()
+  ax.set_xlabel("variant (baseline first)", fontsize=9)
   long = max(len(s) for l in labels for s in l.split("\n")) > 10 or len(labels) > 5
   ax.set_xticks(range(len(labels)), labels, rotation=30 if long else 0, ha="right" if long else "center", fontsize=8,
                 rotation_mode="anchor" if long else "default")
@@ -201,84 +223,101 @@ def _speed(records: list[dict], experiment: str | None, model: str | None, notes
   return fig, handles + [Line2D([], [], color=c, ls=ls, label=f"{engine} (peer)") for engine, (c, ls) in styles.items()]
 
 def _pp(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
-  """Prompt processing per model and device: the newest record with a peer's pp of the same prompt length, tinyzoo's
-  pp tok/s beside the peer's, the ratio over each pair."""
+  """Prompt processing per model, a panel per device (wrapped into more where its models are many): the newest record with
+  a peer's pp of the same prompt length, tinyzoo's pp tok/s beside the peer's, the ratio over each pair."""
   def measured(r: dict) -> bool:
     m, peer = _metrics(r), r.get("peer") if isinstance(r.get("peer"), dict) else {}
-    return _number(m.get("pp_tok_s")) and _number(peer.get("pp_tok_s")) and peer.get("pp_tokens") == m.get("pp_tokens") and \
+    return _positive(m.get("pp_tok_s")) and _positive(peer.get("pp_tok_s")) and peer.get("pp_tokens") == m.get("pp_tokens") and \
       (experiment is None or r.get("experiment") == experiment) and (model is None or r.get("model") == model)
   newest: dict[tuple, dict] = {}
-  for r in sorted(filter(measured, records), key=_time): newest[(str(r.get("model")), short_device(str(r.get("device"))))] = r
+  for r in sorted(filter(measured, records), key=_time): newest[(short_device(str(r.get("device"))), str(r.get("model")))] = r
   if not newest: raise ValueError("no record has prompt processing beside a peer's of the same length (bench --pp with llama.cpp)")
-  keys = sorted(newest)
-  fig = Figure(figsize=(max(6.0, 1.5 * len(keys) + 2), 4.8))
-  ax = fig.add_subplot()
-  ours, theirs = [_metrics(newest[k])["pp_tok_s"] for k in keys], [newest[k]["peer"]["pp_tok_s"] for k in keys]
-  x = range(len(keys))
-  ax.bar([i - 0.2 for i in x], ours, width=0.4, color=VARIANT_COLOR)
-  ax.bar([i + 0.2 for i in x], theirs, width=0.4, color=PEER_STYLES[0][0])
-  for i, (a, b) in enumerate(zip(ours, theirs)):
-    ax.annotate(f"{a / b:.2f}x", (i, max(a, b)), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8, bbox=LABEL_BOX)
-  ax.set_yscale("log")
-  ax.set_ylim(min(ours + theirs) / 2, max(ours + theirs) * 4)
-  ax.set_xticks(list(x), [f"{m}\n{d}\n{_metrics(newest[(m, d)]).get('pp_tokens')} tokens" for m, d in keys], fontsize=7)
-  ax.set_ylabel("prompt tok/s (log scale)", fontsize=9)
-  devices = ", ".join(dict.fromkeys(d for _, d in keys))
-  ax.set_title(f"prompt processing from an empty context, JIT steady state,\nbeside llama.cpp in the same run · {devices}", fontsize=10)
-  commits = ", ".join(sorted({str(newest[k].get("commit")) for k in keys}))
-  notes.append(f"newest record per model and device; commits {commits}")
+  per_panel = int((MAX_IN - 2) / 1.5)   # pairs of bars in a panel as wide as a chart may be
+  panels: list[tuple[str, list[str]]] = []
+  for dev in sorted({d for d, _ in newest}):
+    mods = sorted(m for d, m in newest if d == dev)
+    panels += [(dev, mods[i:i + per_panel]) for i in range(0, len(mods), per_panel)]
+  slots = max(len(mods) for _, mods in panels)   # every panel's pairs of bars as wide as the fullest panel's
+  fig, axes = _grid(len(panels), max(6.0, 1.5 * slots + 2), 4.8)
+  for ax, (dev, mods) in zip(axes, panels):
+    chosen = [newest[(dev, m)] for m in mods]
+    ours, theirs = [_metrics(r)["pp_tok_s"] for r in chosen], [r["peer"]["pp_tok_s"] for r in chosen]
+    x = range(len(chosen))
+    ax.bar([i - 0.2 for i in x], ours, width=0.4, color=VARIANT_COLOR)
+    ax.bar([i + 0.2 for i in x], theirs, width=0.4, color=PEER_STYLES[0][0])
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+      ax.annotate(f"{a / b:.2f}x", (i, max(a, b)), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8, bbox=LABEL_BOX)
+    ax.set_yscale("log")
+    ax.set_ylim(min(ours + theirs) / 2, max(ours + theirs) * 4)
+    ax.set_xticks(list(x), [f"{m}\n{_metrics(r).get('pp_tokens')} tokens" for m, r in zip(mods, chosen)], fontsize=7)
+    ax.set_xlim(-0.6, slots - 0.4)
+    ax.set_xlabel("model, prompt length", fontsize=9)
+    ax.set_ylabel("prompt tok/s (log scale)", fontsize=9)
+    ax.set_title(f"prompt processing from an empty context, beside the peer\n{dev} · {_commits(chosen)}", fontsize=10)
+  notes.append("the newest record of each model and device, JIT steady state, the peer measured in the same run; over each pair tinyzoo/peer")
   return fig, [Patch(color=VARIANT_COLOR, label="tinyzoo"), Patch(color=PEER_STYLES[0][0], label="llama.cpp (peer)")]
 
 def _depth(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
   """Decode tok/s against the tokens of context before it, a panel per model and device: a line for each variant of the
-  experiment's latest run (without one: plain bench records, a line for each value of the switches that differ between
-  them, the newest at each depth) and one for each peer, from the peers measured at the same depth in the same runs."""
+  experiment's latest run there (without one: plain bench records, a line for each value of the switches that differ between
+  them, the newest at each depth, the MAX_LINES newest values) and one for each peer, from the peers measured at the same
+  depth in the same runs; each panel its own legend."""
   def measured(r: dict) -> bool:
     m = _metrics(r)
     return _number(m.get("tok_s")) and isinstance(m.get("depth"), int) and (model is None or r.get("model") == model) and \
       (r.get("experiment") == experiment if experiment else not r.get("experiment"))
   _check_experiment(experiment, sorted({str(r["experiment"]) for r in records if r.get("experiment")}))
+  where = lambda r: (str(r.get("model")), short_device(str(r.get("device"))))
   chosen = sorted(filter(measured, records), key=_time)
-  if experiment and chosen: chosen = [r for r in chosen if r.get("run") == chosen[-1].get("run")]
+  if experiment:
+    latest = {where(r): r.get("run") for r in chosen}
+    chosen = [r for r in chosen if r.get("run") == latest[where(r)]]
   if not chosen: raise ValueError(f"no {f'record of experiment {experiment!r}' if experiment else 'bench record'}"
                                   f"{f' of {model!r}' if model else ''} has decode tok/s at a depth (metrics.depth)")
-  where = lambda r: (str(r.get("model")), short_device(str(r.get("device"))))
   switches = lambda r: r.get("switches") if isinstance(r.get("switches"), dict) else {}
-  # the switches whose values differ between a panel's bench records; one that older records lack (added since) or hold
-  # as None is no difference
-  differ: dict[tuple, list[str]] = defaultdict(list)
-  for key in {where(r) for r in chosen}:
-    mine = [switches(r) for r in chosen if where(r) == key]
-    differ[key] = sorted(n for n in {n for sw in mine for n in sw} if len({str(sw[n]) for sw in mine if sw.get(n) is not None}) > 1)
-  def label(r: dict) -> str:
+  def differing(recs: list[dict]) -> list[str]:
+    """The switches whose values differ between `recs`; one that older records lack (added since) or hold as None is no
+    difference."""
+    mine = [switches(r) for r in recs]
+    return sorted(n for n in {n for sw in mine for n in sw} if len({str(sw[n]) for sw in mine if sw.get(n) is not None}) > 1)
+  def label(r: dict, differ: list[str]) -> str:
     if r.get("variant"): return str(r["variant"])
-    return ", ".join(f"{n}={switches(r)[n]}" for n in differ[where(r)] if switches(r).get(n) is not None) or "tinyzoo"
-  lines: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-  for r in chosen:
-    depth, panel = _metrics(r)["depth"], lines[where(r)]
-    panel[label(r)][depth] = _metrics(r)["tok_s"]
-    for peer in _peers(r):
-      if peer.get("depth") == depth: panel[f"{short_engine(peer)} (peer)"][depth] = peer["tok_s"]
-  keys = sorted(lines)
-  fig, axes = _grid(len(keys), 6.0, 4.4)
-  # tinyzoo's lines in the category colours that are no peer's (green and cyan are)
-  colors = dict(zip(sorted({n for k in keys for n in lines[k] if not n.endswith("(peer)")}),
-                    itertools.cycle(c for c in CATEGORY_COLORS if c not in ("#55a868", "#64b5cd"))))
-  peers = dict(zip(sorted({n for k in keys for n in lines[k] if n.endswith("(peer)")}), itertools.cycle(PEER_STYLES)))
-  for ax, key in zip(axes, keys):
-    for name, points in sorted(lines[key].items(), key=lambda kv: (kv[0].endswith("(peer)"), kv[0])):
+    return ", ".join(f"{n}={switches(r)[n]}" for n in differ if switches(r).get(n) is not None) or "tinyzoo"
+  by_panel: dict[tuple, list[dict]] = defaultdict(list)
+  for r in chosen: by_panel[where(r)].append(r)
+  fig, axes = _grid(len(by_panel), 6.0, 4.4)
+  older = 0
+  for ax, (key, recs) in zip(axes, sorted(by_panel.items())):
+    if not experiment:   # bench records: the newest switch settings, as many as a panel's legend can show
+      every = differing(recs)
+      newest = list(dict.fromkeys(label(r, every) for r in reversed(recs)))[:MAX_LINES]
+      kept = [r for r in recs if label(r, every) in newest]
+      older, recs = older + len(recs) - len(kept), kept
+    differ = differing(recs)
+    lines: dict[str, dict[int, float]] = defaultdict(dict)
+    shown: dict[tuple[str, int], dict] = {}   # the record of each point, for the panel's commits
+    for r in recs:
+      depth = _metrics(r)["depth"]
+      lines[label(r, differ)][depth], shown[(label(r, differ), depth)] = _metrics(r)["tok_s"], r
+      for peer in _peers(r):
+        if peer.get("depth") == depth:
+          name = f"{short_engine(peer)} (peer)"
+          lines[name][depth], shown[(name, depth)] = peer["tok_s"], r
+    # tinyzoo's lines in the category colours that are no peer's (green and cyan are)
+    ours, theirs = itertools.cycle(c for c in CATEGORY_COLORS if c not in ("#55a868", "#64b5cd")), itertools.cycle(PEER_STYLES)
+    for name, points in sorted(lines.items(), key=lambda kv: (kv[0].endswith("(peer)"), kv[0])):
       xs = sorted(points)
-      color, ls = peers[name] if name in peers else (colors[name], "-")
-      ax.plot(xs, [points[x] for x in xs], ls=ls, marker="o", color=color, lw=1.6, ms=5)
+      color, ls = next(theirs) if name.endswith("(peer)") else (next(ours), "-")
+      ax.plot(xs, [points[x] for x in xs], ls=ls, marker="o", color=color, lw=1.6, ms=5, label=textwrap.fill(name, 60))
       ax.annotate(f"{points[xs[-1]]:.0f}", (xs[-1], points[xs[-1]]), textcoords="offset points", xytext=(4, 0), fontsize=7, color=color)
-    ax.set_ylim(0, max(v for pts in lines[key].values() for v in pts.values()) * 1.2)
+    ax.set_ylim(0, max(v for pts in lines.values() for v in pts.values()) * 1.35)   # room for the legend
+    ax.legend(fontsize=6, loc="upper right", framealpha=0.85)
     ax.set_xlabel("depth: tokens of context before the timed decode", fontsize=9)
     ax.set_ylabel("tok/s (decode)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{experiment or 'bench'} · {key[0]}\n{key[1]}", fontsize=10)
-  notes.append(f"commits {', '.join(sorted({str(r.get('commit')) for r in chosen}))}")
-  return fig, [Line2D([], [], color=c, marker="o", label=n) for n, c in colors.items()] + \
-    [Line2D([], [], color=c, ls=ls, marker="o", label=n) for n, (c, ls) in peers.items()]
+    ax.set_title(f"{experiment or 'bench'} · {key[0]}\n{key[1]} · {_commits(list(shown.values()))}", fontsize=10)
+  if older: notes.append(f"{_plural(older, 'bench record')} of older switch settings not shown (the newest {MAX_LINES} of each panel are)")
+  return fig, []
 
 def _categories(r: dict) -> dict | None:
   cats = _metrics(r).get("kernel_categories")
@@ -326,47 +365,62 @@ def _history(records: list[dict], experiment: str | None, model: str | None, not
   # again later (an A/B in one run) keeps its place
   made, first = commit_times(), {}
   for r in good: first.setdefault(commit(r), _time(r))
-  xs = {c: i for i, c in enumerate(sorted(first, key=lambda c: (made.get(c[0], first[c]), c[1])))}
-  lines: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-  for r in good: lines[(str(r.get("model")), str(r.get("device")))][xs[commit(r)]].append(r)
-  fig = Figure(figsize=(max(7.0, 2.5 + 0.75 * len(xs)), 4.8), dpi=DPI)
-  ax = fig.add_subplot(1, 1, 1)
-  ax2 = ax.twinx()
-  handles, extras, kmax = [], False, 0
-  for i, ((mod, dev), points) in enumerate(sorted(lines.items())):
-    color = CATEGORY_COLORS[i % len(CATEGORY_COLORS)]
-    px = sorted(points)
-    # several records at one commit (switches compared in one run): the fastest carries the line, the rest are dots
-    best = [max(points[x], key=lambda r: _metrics(r)["tok_s"]) for x in px]
-    tok = [_metrics(r)["tok_s"] for r in best]
-    handles += ax.plot(px, tok, "-o", color=color, lw=1.8, ms=6, label=f"{mod} · {short_device(dev)}")
-    for x, t in zip(px, tok): ax.annotate(f"{t:.2f}", (x, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color)
-    for x, top in zip(px, best):
-      for r in points[x]:
-        if r is top: continue
-        ax.plot([x], [_metrics(r)["tok_s"]], "o", ms=5, mfc="none", color=color, alpha=0.6)
-        extras = True
-    kx = [x for x, r in zip(px, best) if _number(_metrics(r).get("kernels_per_token"))]
-    kpt = [_metrics(r)["kernels_per_token"] for r in best if _number(_metrics(r).get("kernels_per_token"))]
-    if kpt:
-      ax2.plot(kx, kpt, "--s", color=color, lw=1.2, ms=4, alpha=0.8)
-      kmax = max(kmax, *kpt)
-  ax.set_xticks(range(len(xs)), [c + ("+" if dirty else "") for c, dirty in xs], rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
-  ax.set_xlim(-0.5, len(xs) - 0.5)
-  ax.set_xlabel("commit, in the order made (+: uncommitted changes)")
-  ax.set_ylabel("tok/s (decode, median)")
-  ax.set_ylim(0, max(_metrics(r)["tok_s"] for r in good) * 1.25)
-  ax2.set_ylim(0, kmax * 1.25 or 1)
-  ax2.set_ylabel("kernels / token (dashed)")
+  order = sorted(first, key=lambda c: (made.get(c[0], first[c]), c[1]))
+  # a panel per device, its commits wrapped into rows of as many as a chart's width holds
+  by_device: dict[str, list[dict]] = defaultdict(list)
+  for r in good: by_device[str(r.get("device"))].append(r)
+  per_row = int((MAX_IN - 2.5) / HISTORY_STEP)
+  panels: list[tuple[str, list[tuple[str, bool]]]] = []
+  for dev, mine in sorted(by_device.items()):
+    measured = {commit(r) for r in mine}
+    cs = [c for c in order if c in measured]
+    panels += [(dev, cs[i:i + per_row]) for i in range(0, len(cs), per_row)]
+  models = sorted({str(r.get("model")) for r in good})
+  styles = {m: (CATEGORY_COLORS[i % len(CATEGORY_COLORS)], MARKERS[i // len(CATEGORY_COLORS) % len(MARKERS)]) for i, m in enumerate(models)}
+  fig, axes = _grid(len(panels), max(7.0, 2.5 + HISTORY_STEP * max(len(row) for _, row in panels)), 4.8)
+  extras = False
+  for ax, (dev, row) in zip(axes, panels):
+    xs = {c: i for i, c in enumerate(row)}
+    lines: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in by_device[dev]:
+      if commit(r) in xs: lines[str(r.get("model"))][xs[commit(r)]].append(r)
+    ax2, kmax = ax.twinx(), 0
+    for mod, points in sorted(lines.items()):
+      (color, marker), px = styles[mod], sorted(points)
+      # several records at one commit (switches compared in one run): the fastest carries the line, the rest are dots
+      best = [max(points[x], key=lambda r: _metrics(r)["tok_s"]) for x in px]
+      tok = [_metrics(r)["tok_s"] for r in best]
+      ax.plot(px, tok, "-", marker=marker, color=color, lw=1.8, ms=6)
+      for x, t in zip(px, tok): ax.annotate(f"{t:.2f}", (x, t), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color)
+      for x, top in zip(px, best):
+        for r in points[x]:
+          if r is top: continue
+          ax.plot([x], [_metrics(r)["tok_s"]], marker, ms=5, mfc="none", color=color, alpha=0.6)
+          extras = True
+      kx = [x for x, r in zip(px, best) if _number(_metrics(r).get("kernels_per_token"))]
+      kpt = [_metrics(r)["kernels_per_token"] for r in best if _number(_metrics(r).get("kernels_per_token"))]
+      if kpt:
+        ax2.plot(kx, kpt, "--", marker=marker, color=color, lw=1.2, ms=4, alpha=0.8)
+        kmax = max(kmax, *kpt)
+    labels = [c + ("+" if dirty else "") for c, dirty in row]
+    ax.set_xticks(range(len(row)), labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_xlim(-0.5, len(row) - 0.5)
+    ax.set_xlabel("commit, in the order made (+: uncommitted changes)", fontsize=9)
+    toks = [_metrics(r)["tok_s"] for r in by_device[dev] if _metrics(r)["tok_s"] > 0]   # one scale for a device's rows
+    if toks and max(toks) / min(toks) > 15:   # tiny synthetic models beside real ones
+      ax.set_yscale("log")
+      ax.set_ylim(min(toks) / 2, max(toks) * 3)
+    else: ax.set_ylim(0, max(toks, default=1) * 1.25)
+    ax.set_ylabel("tok/s (decode, median" + (", log scale)" if ax.get_yscale() == "log" else ")"), fontsize=9)
+    ax2.set_ylim(0, kmax * 1.25 or 1)
+    ax2.set_ylabel("kernels / token (dashed)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''}\n{short_device(dev)} · "
+                 f"{_plural(len(row), 'commit')}, {labels[0]}{f' … {labels[-1]}' if len(row) > 1 else ''}", fontsize=10)
+  handles = [Line2D([], [], color=c, marker=mk, label=m) for m, (c, mk) in styles.items()]
   handles.append(Line2D([], [], color="dimgray", ls="--", marker="s", ms=4, label="kernels/token (right axis)"))
   if extras: handles.append(Line2D([], [], color="dimgray", ls="", marker="o", mfc="none", label="other records at that commit"))
-  ax.legend(handles=handles, fontsize=7, loc="upper left", framealpha=0.85)
-  ax.grid(axis="y", alpha=0.3)
-  models = ", ".join(dict.fromkeys(m for m, _ in sorted(lines)))
-  devices = ", ".join(dict.fromkeys(short_device(d) for _, d in sorted(lines))) if len({d for _, d in lines}) == 1 else \
-    "; ".join(dict.fromkeys(short_device(d) for _, d in sorted(lines)))
-  ax.set_title(f"tok/s over commits{f' ({experiment} baseline)' if experiment else ''} · {models}\n{devices}", fontsize=10)
-  return fig, []
+  return fig, handles
 
 def _quality(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
   """The speed/quality frontier of an experiment's latest run, a panel per model and device: each variant's decode
@@ -413,9 +467,10 @@ def figure(records: list[dict], kind: str, experiment: str | None = None, model:
   notes: list[str] = []
   fig, legend = DRAW[kind]([r for r in records if isinstance(r, dict)], experiment, model, notes)
   bottom, top = 0.0, 1.0
-  if notes:
-    fig.text(0.005, 0.005, "note: " + "; ".join(notes), fontsize=7, color="dimgray", ha="left", va="bottom")
-    bottom = min(0.1, 0.22 / fig.get_figheight())
+  if notes:   # wrapped to the figure's width (about 16 characters of 7 pt an inch)
+    text = textwrap.fill("note: " + "; ".join(notes), width=int(16 * fig.get_figwidth()))
+    fig.text(0.005, 0.005, text, fontsize=7, color="dimgray", ha="left", va="bottom")
+    bottom = min(0.3, (0.1 + 0.12 * (1 + text.count("\n"))) / fig.get_figheight())
   if legend:   # one legend for all subplots, above them, in as many rows as the width needs
     ncol = max(1, min(len(legend), int(0.95 * fig.get_figwidth() / (0.5 + 0.065 * max(len(h.get_label()) for h in legend)))))
     fig.legend(handles=legend, loc="upper center", ncol=ncol, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 1.0))
@@ -454,5 +509,9 @@ def plot(records: list[dict], kind: str, out: os.PathLike | str, experiment: str
   if Path(out).suffix[1:].lower() not in FORMATS:
     raise ValueError(f"cannot write {Path(out).name!r}: the suffix picks the format, one of {', '.join('.' + f for f in FORMATS)}")
   if device is not None: records = on_device(records, device)
-  with matplotlib.rc_context({"hatch.linewidth": 0.6}):
-    return save(figure(records, kind, experiment, model), out)
+  with matplotlib.rc_context({"hatch.linewidth": 0.6}):   # read as the bars are made
+    try: fig = figure(records, kind, experiment, model)
+    except ValueError as e:
+      if device is None: raise
+      raise ValueError(f"{e} (among the records on a device matching {device!r})") from None
+    return save(fig, out)
