@@ -133,8 +133,8 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   prefill_compile_s = rt.kernels.compile_s[0] - compiled
   timed_prefill(rt, prompt_ids(rt, cfg.pp))   # a prompt of that length once untimed, as llama-bench's warm-up run
   pp_tok_s, pp_tok_s_sd = mean_sd([cfg.pp / timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(cfg.repeats)], 1)
-  shared = {"pp_tok_s": pp_tok_s, "pp_tok_s_sd": pp_tok_s_sd, "repeats": cfg.repeats, "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk, "prefill_compile_s": round(prefill_compile_s, 2),
-            "prefill_capture_s": round(prefill_first_s - prefill_compile_s, 2), "load_s": round(load_s, 2)}
+  shared = {"pp_tok_s": pp_tok_s, "pp_tok_s_sd": pp_tok_s_sd, "repeats": cfg.repeats, "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk,
+            "prefill_compile_s": round(prefill_compile_s, 2), "prefill_capture_s": round(prefill_first_s - prefill_compile_s, 2), "load_s": round(load_s, 2)}
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
   start = cached_start(rt)
@@ -207,7 +207,7 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
                         "kept_programs": cfg.kept_programs,
                         "programmatic_edges": rt.kernels.edges[0]}}
   if (form := prefill_form(rt.model, rt.chunk)) is not None: record["metrics"]["mla_prefill"] = form
-  if moe:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
+  if moe and "topk" not in cfg.hints.skip:   # the routing's choice of experts, as its own kernels would be: captured alone, times the MoE blocks
     per_block = topk_kernels(topk_by_name(cfg.hints.topk), moe[0].n_experts, moe[0].n_used, rt.device)
     record["metrics"]["topk"] = {"algorithm": cfg.hints.topk, "kernels_per_block": per_block, "kernels_per_token": per_block * len(moe)}
   return record
