@@ -241,11 +241,12 @@ class Reproduction:
   device: str
   ran: tuple[str, ...]
   refused: tuple[tuple[str, str], ...]   # (experiment, why)
+  failed: tuple[tuple[str, str], ...] = ()   # (experiment, the error that stopped it)
 
   def summary(self) -> str:
-    refused = "; ".join(why for _, why in self.refused)
+    refused, failed = ("; ".join(why for _, why in whys) for whys in (self.refused, self.failed))
     return (f"reproduction {self.id} at {self.commit} on {self.device}: ran {len(self.ran)} ({', '.join(self.ran) or 'none'}); "
-            f"refused {len(self.refused)}" + (f" ({refused})" if refused else ""))
+            f"refused {len(self.refused)}" + (f" ({refused})" if refused else "") + (f"; failed {len(self.failed)} ({failed})" if failed else ""))
 
 def reproduce(model_path: Callable[[str], Path], base: Callable[[Path], BenchConfig], defs: Path = DEFS, only: list[str] | None = None,
               sizes: dict[str, int] | None = None, on_record: Callable[[dict], None] = lambda r: None,
@@ -254,12 +255,13 @@ def reproduce(model_path: Callable[[str], Path], base: Callable[[Path], BenchCon
   beside variants (`run`), at one commit: a tree with uncommitted changes is refused, unless TINYZOO_COMMIT names the
   commit (a copied tree, journal.context). An experiment the device or its model cannot show is refused with the reason,
   as is one whose model is not installed; `on_results` takes each one's records as it ends. Every record carries the
-  reproduction's id beside its run's; a line on stderr says which experiment starts."""
+  reproduction's id beside its run's; a line on stderr says which experiment starts. One that fails is named with its
+  error, and the others run on (the records it journaled before it failed stay, each whole)."""
   experiments, code = seed_experiments(defs, only), context()
   if code["dirty"]:
     raise ExperimentError(f"the tree has uncommitted changes beside commit {code['commit']}: commit them, so that every record is of "
                           "one commit (a copied tree gives its commit as TINYZOO_COMMIT)")
-  rid, device, ran, refused = f"reproduction-{_stamp()}", Device.DEFAULT, [], []
+  rid, device, ran, refused, failed = f"reproduction-{_stamp()}", Device.DEFAULT, [], [], []
   for i, exp in enumerate(experiments, 1):
     model = exp.model_for(device)
     print(f"reproduce [{i}/{len(experiments)}] {exp.name} on {model}", file=sys.stderr, flush=True)
@@ -270,9 +272,14 @@ def reproduce(model_path: Callable[[str], Path], base: Callable[[Path], BenchCon
       print(f"refused: {why}", file=sys.stderr, flush=True)
       refused.append((exp.name, why))
       continue
-    on_results(exp, run(exp, model_path, model, base, sizes=sizes, on_record=on_record, progress=progress, reproduction=rid))
+    try: on_results(exp, run(exp, model_path, model, base, sizes=sizes, on_record=on_record, progress=progress, reproduction=rid))
+    except Exception as e:   # noqa: BLE001 -- a kernel that does not compile, a model that does not fit: the next experiment still runs
+      why = f"{exp.name}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+      print(f"failed: {why}", file=sys.stderr, flush=True)
+      failed.append((exp.name, why))
+      continue
     ran.append(exp.name)
-  return Reproduction(rid, code["commit"], code["device"], tuple(ran), tuple(refused))
+  return Reproduction(rid, code["commit"], code["device"], tuple(ran), tuple(refused), tuple(failed))
 
 def quality_probe(spec: dict[str, Any], workdir: str, progress: bool = False) -> Probe:
   """An experiment's `quality` table as a probe: its text (default the system's, experiments/quality.py), ctx (default

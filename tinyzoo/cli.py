@@ -158,6 +158,7 @@ def cmd_exp(args) -> None:
     done = named.reproduce(resolve_model, experiment_base(args), args.defs or named.DEFS, args.only, experiment_sizes(args), trial_noter(args),
                            results, sys.stderr.isatty())
     print(done.summary())
+    if done.failed: raise named.ExperimentError(f"{len(done.failed)} of the experiments failed: {'; '.join(why for _, why in done.failed)}")
 
 def experiment_sizes(args) -> dict[str, int]:
   """The bench sizes `exp run` and `exp reproduce` were given, over every experiment's own."""

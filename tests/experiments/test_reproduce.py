@@ -87,3 +87,16 @@ variants:
   assert out.strip().splitlines()[-1].endswith(f": ran 1 (iso); refused 1 (topk needs experts (MoE blocks): {dense} has none)")
   assert "again" in out and "reproduce [1/2] iso" in err and "reproduce [2/2] topk" in err and "own" not in err
   assert json.loads(path.read_text().splitlines()[0])["reproduction"] == rid
+  # an experiment that fails is named, the others run on, and the command ends in one line and a non-zero status
+  real_run = named.run
+  def failing(exp, *a, **kw):
+    if exp.name == "iso": raise RuntimeError("no kernel for you\nsecond line")
+    return real_run(exp, *a, **kw)
+  monkeypatch.setattr(named, "run", failing)
+  (defs / "topk.yaml").unlink()
+  (defs / "iso2.yaml").write_text((defs / "iso.yaml").read_text())
+  assert main(args) == 1
+  out, err = capsys.readouterr()
+  assert out.strip().splitlines()[-1].endswith("ran 1 (iso2); refused 0; failed 1 (iso: RuntimeError: no kernel for you)")
+  assert "failed: iso: RuntimeError: no kernel for you\n" in err
+  assert err.strip().splitlines()[-1] == "tinyzoo: error: 1 of the experiments failed: iso: RuntimeError: no kernel for you"
