@@ -296,6 +296,7 @@ def gpu_matvec(k: Scheduler, threads: int, block: int, rows: int, span: int = 0)
   for axes in sums:
     unrolled = span
     for r in reversed(axes):
+      if r not in tuned.rngs: continue   # an earlier opt took the axis whole (a sum of a few elements, say of the first k experts' weights)
       a = tuned.rngs.index(r)
       if not isinstance(n := tuned.full_shape[a], int) or unrolled * n > 32: break
       tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(a), 0))

@@ -312,6 +312,18 @@ def test_gpu_matvec_of_expert_pairs_takes_a_word_a_thread_and_two_rows(row_upcas
   assert builtin_gpu_sizes(14336, 512, 1, 8, pairs=1, experts=True) == (EXPERT_PAIR_THREADS, 2, 2, 1)
   assert cuda_launch(swiglu.of_pairs(experts(x, sel).unflatten(-1, (2, F)))) == ((F // 4, K, 1), (4, 8, 2))
 
+def test_gpu_matvec_of_a_prompt_chunks_combine_with_routing_skipped(row_upcast, rng: np.random.Generator):
+  """With the routing's choice skipped (first_k: indices from an arange) a prompt chunk's combine (ExpertGroups) computes
+  its slots in the kernel, which is taken for a matvec; an earlier opt took one of its short sums whole, and the last
+  unroll loop looked for the gone axis (ValueError: not in list, glm-4.7-flash-tiny --skip topk --prefill half)."""
+  from ops.routing import ExpertGroups
+  from ops.topk import first_k
+  row_upcast(8)
+  weights, sel = first_k(Tensor(rng.standard_normal((1, 12, 8), dtype=np.float32)).realize(), 2)
+  groups = ExpertGroups.of(sel, 8, 32)
+  y = Tensor(rng.standard_normal((groups.row.shape[0], 128), dtype=np.float32)).realize()
+  assert cuda_launch(groups.combine(y, weights.realize())) == ((2, 12, 1), (2, 32, 1))
+
 def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Generator):
   """Llama-3.2-1B's gate and up pairs at the H100 profile's 32,2,2,2: the span splits the blocks' axis before GROUP,
   and the sum over its other part is no reduce around the GROUP (a check that took it for one fell back to tinygrad's
