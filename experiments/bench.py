@@ -134,7 +134,8 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   timed_prefill(rt, prompt_ids(rt, cfg.pp))   # a prompt of that length once untimed, as llama-bench's warm-up run
   pp_tok_s, pp_tok_s_sd = mean_sd([cfg.pp / timed_prefill(rt, prompt_ids(rt, cfg.pp))[0] for _ in range(cfg.repeats)], 1)
   shared = {"pp_tok_s": pp_tok_s, "pp_tok_s_sd": pp_tok_s_sd, "repeats": cfg.repeats, "pp_tokens": cfg.pp, "prefill_chunk": rt.chunk,
-            "prefill_compile_s": round(prefill_compile_s, 2), "prefill_capture_s": round(prefill_first_s - prefill_compile_s, 2), "load_s": round(load_s, 2)}
+            "prefill_compile_s": round(prefill_compile_s, 2), "prefill_capture_s": round(prefill_first_s - prefill_compile_s, 2),
+            "load_s": round(load_s, 2)}
   bandwidth = cfg.bandwidth or copy_bandwidth(rt.device)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
   start = cached_start(rt)
