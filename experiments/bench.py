@@ -18,6 +18,7 @@ from pathlib import Path
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from experiments import journal, peer_llamacpp
+from experiments.peer_llamacpp import mean_sd
 from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.quality import Probe
 from experiments.profile import attribute, buffer_labels, weight_bytes
@@ -95,10 +96,6 @@ def copy_bandwidth(device: str | None = None) -> float:
   kernel_ms = back_to_back_ms(lambda: jit(src), src.device, 10)
   driver_ms = back_to_back_ms(lambda: dest.copy_from(src.uop.buffer), src.device, 10)
   return 2 * src.nbytes() / min(kernel_ms, driver_ms) / 1e6
-
-def mean_sd(values: list[float], digits: int) -> tuple[float, float]:
-  """The mean and the sample standard deviation (0 for one value), rounded."""
-  return round(statistics.mean(values), digits), round(statistics.stdev(values) if len(values) > 1 else 0.0, digits)
 
 def timed_prefill(rt: Runtime, ids: list[int]) -> tuple[float, Tensor]:
   """Seconds to prefill `ids` in chunks (the prefill JIT, however short) until the device is done, and the logits."""

@@ -6,6 +6,7 @@ are results/journal.jsonl, written only when a command is given it (`--journal r
 import datetime
 import fcntl
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -67,17 +68,18 @@ def upgraded(record: dict[str, Any]) -> dict[str, Any]:
   likewise). Other records come back as they are."""
   if not is_bench(record): return record
   m, filled = dict(record["metrics"]), []
-  if "depth" not in m and isinstance(record.get("prompt_tokens"), int): m["depth"], _ = record["prompt_tokens"], filled.append("depth")
+  if "depth" not in m and isinstance(record.get("prompt_tokens"), int):
+    m["depth"] = record["prompt_tokens"]
+    filled.append("depth")
   if "pp_tok_s" not in m and "prefill_tok_s" in m:
-    m["pp_tok_s"], m["pp_tokens"], _ = m["prefill_tok_s"], record.get("prompt_tokens"), filled.append("pp_tok_s")
+    m["pp_tok_s"], m["pp_tokens"] = m["prefill_tok_s"], record.get("prompt_tokens")
+    filled.append("pp_tok_s")
   m.setdefault("pp_tokens", record.get("pp_tokens"))
   out = {**record, "metrics": m}
-  for key in ("peer",):
-    if isinstance(out.get(key), dict) and "pp_tok_s" not in out[key] and "prefill_tok_s" in out[key]:
-      out[key] = {**out[key], "pp_tok_s": out[key]["prefill_tok_s"]}
-      filled.append(f"{key}.pp_tok_s")
+  if isinstance(peer := out.get("peer"), dict):
+    if "pp_tok_s" not in peer and "prefill_tok_s" in peer: filled.append("peer.pp_tok_s")
+    out["peer"] = _peer_upgraded(peer)
   if isinstance(out.get("peers"), list): out["peers"] = [_peer_upgraded(p) for p in out["peers"]]
-  if isinstance(out.get("peer"), dict): out["peer"] = _peer_upgraded(out["peer"])
   if filled: out["upgraded"] = filled
   return out
 
@@ -86,6 +88,10 @@ def _peer_upgraded(peer: Any) -> Any:
   if not isinstance(peer, dict): return peer
   renames = {"prefill_tok_s": "pp_tok_s", "tok_s_stddev": "tok_s_sd", "pp_tok_s_stddev": "pp_tok_s_sd"}
   return {**peer, **{new: peer[old] for old, new in renames.items() if old in peer and new not in peer}}
+
+def number(x: Any) -> bool:
+  """A finite int or float, not a bool: a figure a record measured."""
+  return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 NOISY = 0.05      # a mean whose standard deviation over its repeats is more than this fraction of it is flagged noisy
 PEER_LOW = 0.5    # a peer under this fraction of the median of its engine's other records of the model, device and depth is flagged
@@ -96,7 +102,7 @@ def spread_flags(record: dict) -> list[str]:
   for who, m in (("tinyzoo", record.get("metrics") or {}), ("peer", record.get("peer") or {})):
     for key in ("tok_s", "pp_tok_s"):
       mean, sd = m.get(key), m.get(f"{key}_sd")
-      if isinstance(mean, (int, float)) and isinstance(sd, (int, float)) and mean > 0 and sd > NOISY * mean:
+      if number(mean) and number(sd) and mean > 0 and sd > NOISY * mean:
         flags.append(f"noisy: {who} {key} {mean:.1f} ± {sd:.1f}, sd over {NOISY:.0%} of the mean")
   return flags
 
@@ -107,7 +113,7 @@ def peer_flags(record: dict, peers_tok_s: list[float]) -> list[str]:
   """'peer low: ...' when the record's peer ran far below the median of `peers_tok_s`, its engine's other records of the
   same model, device and depth (a busy machine): at least two are needed to say so."""
   peer = record.get("peer")
-  if not isinstance(peer, dict) or not isinstance(peer.get("tok_s"), (int, float)) or len(peers_tok_s) < 2: return []
+  if not isinstance(peer, dict) or not number(peer.get("tok_s")) or len(peers_tok_s) < 2: return []
   usual = statistics.median(peers_tok_s)
   if peer["tok_s"] >= PEER_LOW * usual: return []
   return [f"peer low: {peer['tok_s']:.2f} tok/s against a median of {usual:.2f} in {len(peers_tok_s)} other records of its engine, model, "
@@ -116,18 +122,14 @@ def peer_flags(record: dict, peers_tok_s: list[float]) -> list[str]:
 def with_peer_flags(record: dict, path: os.PathLike | None = None) -> dict:
   """`record` with a 'peer low' flag where its peer ran far below its engine's records of the same model, device and depth
   in the journal at `path` (default the user's), as it is written there."""
-  if not isinstance(record.get("peer"), dict): return record
-  same = [r["peer"]["tok_s"] for r in read(path) if is_bench(r) and isinstance(r.get("peer"), dict) and _peer_key(r) == _peer_key(record)
-          and isinstance(r["peer"].get("tok_s"), (int, float))]
-  flags = peer_flags(record, same)
-  return {**record, "flags": [*record.get("flags", []), *flags]} if flags else record
+  return flagged([*read(path), record])[-1] if isinstance(record.get("peer"), dict) else record
 
 def flagged(records: list[dict]) -> list[dict]:
   """The records, each bench record's `flags` the ones it was written with and those its spread and its peer, against
   the others here, call for now."""
   peers = defaultdict(list)
   for r in records:
-    if is_bench(r) and isinstance(r.get("peer"), dict) and isinstance(r["peer"].get("tok_s"), (int, float)): peers[_peer_key(r)].append(r)
+    if is_bench(r) and isinstance(r.get("peer"), dict) and number(r["peer"].get("tok_s")): peers[_peer_key(r)].append(r)
   out = []
   for r in records:
     if not is_bench(r): out.append(r); continue

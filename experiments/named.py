@@ -16,7 +16,7 @@ import yaml
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES
 from tinygrad import Device
 from experiments.bench import BenchConfig, bench, pm
-from experiments.journal import context, is_bench
+from experiments.journal import context, is_bench, number as _number
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
@@ -285,8 +285,6 @@ def quality_probe(spec: dict[str, Any], workdir: str, progress: bool = False) ->
   """An experiment's `quality` table as a probe: its text (default the system's, experiments/quality.py), ctx (default
   512) and chunks (default all)."""
   return Probe(spec.get("text", DEFAULT_TEXT), spec.get("ctx", DEFAULT_CTX), spec.get("chunks"), workdir, progress)
-
-def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 def _mean_sd(m: Any, key: str, digits: int) -> str:
   """m[key] as `mean ± sd` where its spread was measured, the mean alone where not, '-' where it was not measured."""

@@ -12,6 +12,11 @@ import sys
 import tempfile
 import time
 
+def mean_sd(values: list[float], digits: int) -> tuple[float, float]:
+  """The mean and the sample standard deviation (0 for one value) of repeats, rounded (here, free of tinygrad, for this
+  module's own subprocess and for bench)."""
+  return round(statistics.mean(values), digits), round(statistics.stdev(values) if len(values) > 1 else 0.0, digits)
+
 def measure(path: str, prompt_tokens: int, tokens: int, threads: int, pp: int, repeats: int = 3) -> dict:
   """As llama-bench's pp and tg tests, `repeats` times each after a warm-up: pp tok/s of a prompt of `pp` ids from an empty
   context, and decode tok/s (the median step) after a prompt of `prompt_tokens` ids; the mean and standard deviation of
@@ -38,10 +43,10 @@ def measure(path: str, prompt_tokens: int, tokens: int, threads: int, pp: int, r
   pp_run()
   pp_ts = [pp_run() for _ in range(repeats)]
   tg_ts = [tg_run() for _ in range(repeats)]
-  sd = lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0
-  return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": round(statistics.mean(tg_ts), 2),
-          "tok_s_sd": round(sd(tg_ts), 2), "ms_per_token": round(1e3 / statistics.mean(tg_ts), 3), "pp_tok_s": round(statistics.mean(pp_ts), 1),
-          "pp_tok_s_sd": round(sd(pp_ts), 1), "pp_tokens": pp, "depth": prompt_tokens, "repeats": repeats}
+  (tok_s, tok_s_sd), (pp_tok_s, pp_tok_s_sd) = mean_sd(tg_ts, 2), mean_sd(pp_ts, 1)
+  return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {threads} threads)", "tok_s": tok_s, "tok_s_sd": tok_s_sd,
+          "ms_per_token": round(1e3 / statistics.mean(tg_ts), 3), "pp_tok_s": pp_tok_s, "pp_tok_s_sd": pp_tok_s_sd, "pp_tokens": pp,
+          "depth": prompt_tokens, "repeats": repeats}
 
 def run(path: str, prompt_tokens: int, tokens: int, pp: int, threads: int = 2, repeats: int = 3) -> dict | None:
   """The peer's figures, or None (with the reason on stderr) when llama-cpp-python is not installed or fails."""

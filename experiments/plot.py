@@ -23,7 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from experiments.journal import KINDS, commit_times
+from experiments.journal import KINDS, commit_times, number as _number
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 FORMATS = ("png", "svg", "pdf")
@@ -56,8 +56,6 @@ def _time(r: dict) -> float:
   except (KeyError, TypeError, ValueError): return -math.inf
 
 def _metrics(r: dict) -> dict: return r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
-
-def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 def _positive(x: Any) -> bool: return _number(x) and x > 0
 

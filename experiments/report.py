@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 from experiments import journal, named
+from experiments.journal import number as _num
 from experiments.named import Expect, Experiment, Verdict
 from experiments.plot import plot, short_device
 from ops.cache import write_whole
@@ -30,8 +31,6 @@ def _time(r: dict) -> float:
 def _latest(records: list[dict]) -> dict:
   """The newest record; of records of the same time, the last in the journal."""
   return max(enumerate(records), key=lambda ir: (_time(ir[1]), ir[0]))[1]
-
-def _num(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 def value(record: dict, metric: str) -> tuple[float | None, float | None]:
   """The mean and the sd (None where not measured) of `metric` in `record`: metrics.<metric> and metrics.<metric>_sd, or

@@ -102,8 +102,8 @@ def bench_config(args, path):
   for n, v in (("--tokens", getattr(args, "tokens", 1)), ("--pp", args.pp)):
     if v < 1: raise ValueError(f"{n} must be at least 1, got {v}")
   if args.warmup < 0: raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-  if (repeats := getattr(args, "bench_repeats", 1)) < 1: raise ValueError(f"--repeats must be at least 1, got {repeats}")
-  return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup, repeats=repeats,
+  return BenchConfig(model_hints(args, path), depths=args.depth, tokens=getattr(args, "tokens", 1), pp=args.pp, warmup=args.warmup,
+                     repeats=bench_repeats(args),
                      ctx=args.ctx, requant=args.requant, bandwidth=getattr(args, "bandwidth", None), peer=not getattr(args, "no_peer", True),
                      llama_bench=getattr(args, "llama_bench", None), tinygrad_src=getattr(args, "tinygrad_src", None),
                      kept_programs=args.kept_programs)
@@ -171,9 +171,9 @@ def experiment_base(args):
   --no-profile), the peer and repeats as the flags say."""
   from experiments.bench import BenchConfig
   from profiles.device import resolve_hints
-  if args.bench_repeats < 1: raise ValueError(f"--repeats must be at least 1, got {args.bench_repeats}")
+  repeats = bench_repeats(args)
   return lambda path: BenchConfig(resolve_hints(path, {}, profile=not args.no_profile), peer=not args.no_peer, llama_bench=args.llama_bench,
-                                  kept_programs=args.kept_programs, repeats=args.bench_repeats)
+                                  kept_programs=args.kept_programs, repeats=repeats)
 
 def cmd_plot(args) -> None:
   from experiments import journal
@@ -257,6 +257,11 @@ def add_bench_options(s: argparse.ArgumentParser) -> None:
   s.add_argument("--warmup", type=int, default=4, help="decode steps after capture before measuring (default 4)")
   s.add_argument("--requant", metavar="TYPE", help="measure a copy of the model requantized to this GGML type, e.g. Q4_0 or Q4_K (made once, cached)")
   add_kept_programs_option(s)
+
+def bench_repeats(args) -> int:
+  """-r's N (add_repeats_option), checked; 1 for a command without it (profile: its --repeats are replays)."""
+  if (n := getattr(args, "bench_repeats", 1)) < 1: raise ValueError(f"--repeats must be at least 1, got {n}")
+  return n
 
 def add_repeats_option(s: argparse.ArgumentParser) -> None:
   s.add_argument("-r", "--repeats", dest="bench_repeats", type=int, default=3, metavar="N", help="time decode at each depth and prompt "
