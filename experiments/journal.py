@@ -89,6 +89,11 @@ def _peer_upgraded(peer: Any) -> Any:
   renames = {"prefill_tok_s": "pp_tok_s", "tok_s_stddev": "tok_s_sd", "pp_tok_s_stddev": "pp_tok_s_sd"}
   return {**peer, **{new: peer[old] for old, new in renames.items() if old in peer and new not in peer}}
 
+def record_time(r: dict) -> float:
+  """A record's time in Unix seconds; -inf where it has none that can be read (such records sort first)."""
+  try: return datetime.datetime.fromisoformat(r["time"]).timestamp()
+  except (KeyError, TypeError, ValueError): return -math.inf
+
 def number(x: Any) -> bool:
   """A finite int or float, not a bool: a figure a record measured."""
   return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -126,7 +126,7 @@ def _verdict(where: str, raw: Any, variants: set[str]) -> Verdict | None:
   try: expect = Expect(raw["expect"])
   except ValueError: raise ExperimentError(f"{where}: verdict expect must be higher or lower, got {raw['expect']!r}") from None
   margin = raw.get("margin", Verdict.margin)
-  if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
+  if not _number(margin) or not 0 <= margin < 1:
     raise ExperimentError(f"{where}: verdict margin must be a fraction in [0, 1), got {margin!r}")
   return Verdict(str(raw["metric"]), raw["variant"], expect, float(margin))
 

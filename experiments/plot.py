@@ -6,7 +6,6 @@ against KL divergence per variant.
 Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), no wider than 2,000 px (more panels wrap
 into rows), each panel titled with its device and commits; written whole or not at all: saved to a temp file beside the
 target, then renamed over it. The target's suffix picks the format (png, svg, pdf)."""
-import datetime
 import itertools
 import math
 import os
@@ -23,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from experiments.journal import KINDS, commit_times, number as _number
+from experiments.journal import KINDS, commit_times, number as _number, record_time as _time
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 FORMATS = ("png", "svg", "pdf")
@@ -50,10 +49,6 @@ def short_device(device: str) -> str:
 def short_engine(peer: dict) -> str:
   engine = str(peer.get("engine", "peer"))
   return "tinygrad app" if engine.startswith("tinygrad") else engine.split(" ")[0]
-
-def _time(r: dict) -> float:
-  try: return datetime.datetime.fromisoformat(r["time"]).timestamp()
-  except (KeyError, TypeError, ValueError): return -math.inf
 
 def _metrics(r: dict) -> dict: return r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
 

@@ -4,7 +4,6 @@ For each named experiment (experiments/defs/), the seed's claim, the latest run 
 variant's mean ± sd, and the verdict its definition's rule gives; then the speed matrix beside llama.cpp: per device
 and model, the latest bench record of prompt processing (pp512) and of decode at each depth recorded. `summary` is the
 short table README.md carries, the same on both pages. The page is written whole or not at all, after its charts."""
-import datetime
 import math
 import os
 import re
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 from experiments import journal, named
-from experiments.journal import number as _num
+from experiments.journal import number as _num, record_time as _time
 from experiments.named import Expect, Experiment, Verdict
 from experiments.plot import plot, short_device
 from ops.cache import write_whole
@@ -23,10 +22,6 @@ REPRODUCED, NOT_REPRODUCED, CONTRADICTED, NOT_RUN = "reproduced", "not reproduce
 NO_RULE = "no rule"                           # the verdict of a run of an experiment whose definition states none
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"   # around the summary table in README.md and report.md
 Chart = Callable[[str, str, list[dict], str, str | None], str]   # (file stem, kind, records, caption, experiment) -> Markdown
-
-def _time(r: dict) -> float:
-  try: return datetime.datetime.fromisoformat(r["time"]).timestamp()
-  except (KeyError, TypeError, ValueError): return -math.inf
 
 def _latest(records: list[dict]) -> dict:
   """The newest record; of records of the same time, the last in the journal."""
