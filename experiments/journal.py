@@ -13,7 +13,7 @@ import subprocess
 from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from tinygrad import Device
 from profiles.device import device_name
 
@@ -93,6 +93,21 @@ def record_time(r: dict) -> float:
   """A record's time in Unix seconds; -inf where it has none that can be read (such records sort first)."""
   try: return datetime.datetime.fromisoformat(r["time"]).timestamp()
   except (KeyError, TypeError, ValueError): return -math.inf
+
+def latest_runs(records: list[dict], experiment: str | None = None,
+                keep: Callable[[list[dict]], bool] = lambda run: True) -> dict[tuple[str, str, str], list[dict]]:
+  """Each experiment's (or `experiment`'s) latest run on each device and model it ran on that `keep` accepts, by
+  (experiment, device, model), its records in journal order: a run on a model that cannot show an effect stands beside
+  the others, never in their place. A run is as new as its newest record; of runs as new, the one whose last record comes
+  later in the journal wins."""
+  runs: dict[tuple, list[tuple[int, dict]]] = defaultdict(list)
+  for i, r in enumerate(records):
+    if r.get("experiment") and is_bench(r) and experiment in (None, r["experiment"]):
+      runs[(str(r["experiment"]), str(r.get("device")), str(r.get("model")), r.get("run"))].append((i, r))
+  latest: dict[tuple[str, str, str], list[dict]] = {}
+  for key, run in sorted(runs.items(), key=lambda kv: (max(record_time(r) for _, r in kv[1]), kv[1][-1][0])):
+    if keep(rs := [r for _, r in run]): latest[key[:3]] = rs
+  return dict(sorted(latest.items()))
 
 def number(x: Any) -> bool:
   """A finite int or float, not a bool: a figure a record measured."""

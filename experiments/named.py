@@ -16,7 +16,7 @@ import yaml
 from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES
 from tinygrad import Device
 from experiments.bench import BenchConfig, bench, pm
-from experiments.journal import context, is_bench, number as _number
+from experiments.journal import context, latest_runs, number as _number
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
@@ -341,13 +341,10 @@ def describe(exp: Experiment, journal_records: list[dict]) -> str:
   for v in exp.all_variants:
     switches = ", ".join(f"{k}={v}" for k, v in v.switches.items()) or "defaults"
     lines.append(f"  {'baseline' if v is exp.baseline else 'variant '} {v.name:<22} {switches}")
-  runs = [r for r in journal_records if r.get("experiment") == exp.name and is_bench(r)]
-  latest: dict[tuple[str, str], Any] = {}   # each model and device the experiment ran on: the run of its newest record
-  for r in runs: latest[(str(r.get("device")), str(r.get("model")))] = r.get("run")
-  for (device, model), run_id in sorted(latest.items()):
-    chosen = [r for r in runs if r.get("run") == run_id and (str(r.get("device")), str(r.get("model"))) == (device, model)]
+  runs = latest_runs(journal_records, exp.name)
+  for (_, device, model), chosen in runs.items():
     commits = list(dict.fromkeys(f"{r.get('commit')}{'+' if r.get('dirty') else ''}" for r in chosen))
-    lines += ["", f"latest run on {model}, {device}: {run_id} (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)})",
+    lines += ["", f"latest run on {model}, {device}: {chosen[0].get('run')} (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)})",
               results_table(chosen) if any(r.get("baseline") for r in chosen) else "(no baseline in that run)"]
   if not runs: lines += ["", "not run yet: tinyzoo exp run " + exp.name]
   return "\n".join(lines)

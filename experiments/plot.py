@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from experiments.journal import KINDS, commit_times, number as _number, record_time as _time
+from experiments.journal import KINDS, commit_times, latest_runs, number as _number, record_time as _time
 from ops.kernels import CATEGORIES   # stacked bottom to top; others follow, sorted
 
 FORMATS = ("png", "svg", "pdf")
@@ -97,19 +97,14 @@ def _panels(records: list[dict], experiment: str | None, model: str | None, need
     models = sorted({str(r.get("model")) for r in runs})
     runs = [r for r in runs if r.get("model") == model]
     if not runs: raise ValueError(f"no experiment records for model {model!r}; models: {', '.join(models)}")
-  # each experiment's latest run on each model and device it ran on: a run on a model that cannot show the effect (an
-  # experiment about experts, last run on a model without) stands beside the others, never in their place
-  by_run: dict[tuple, dict[Any, list[dict]]] = defaultdict(lambda: defaultdict(list))
-  for r in runs: by_run[(str(r["experiment"]), str(r.get("model")), str(r.get("device")))][r.get("run")].append(r)
   panels, skipped = [], Counter()
-  for (name, mod, dev), runs_there in sorted(by_run.items()):
-    run_id = max(runs_there, key=lambda k: max(map(_time, runs_there[k])))
+  for (name, dev, mod), run in latest_runs(runs).items():
     variants: dict[str, dict] = {}
-    for r in sorted(runs_there[run_id], key=_time):
+    for r in sorted(run, key=_time):
       if r.get("variant") is None: skipped["without a variant name"] += 1
       elif not need(r): skipped[f"without {what}"] += 1
       else: variants[str(r["variant"])] = r   # a variant measured twice: the latest
-    if variants: panels.append(Panel(name, run_id, mod, dev, sorted(variants.values(), key=lambda r: (not r.get("baseline"), _time(r)))))
+    if variants: panels.append(Panel(name, run[0].get("run"), mod, dev, sorted(variants.values(), key=lambda r: (not r.get("baseline"), _time(r)))))
   notes.extend(f"skipped {_plural(n, 'record')} {why}" for why, n in skipped.items())
   if not panels:
     scope = f"experiment {experiment!r}" if experiment else "the latest experiment runs"

@@ -10,7 +10,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 from experiments import journal, named
 from experiments.journal import number as _num, record_time as _time
 from experiments.named import Expect, Experiment, Verdict
@@ -79,14 +79,8 @@ def devices(records: list[dict]) -> list[str]:
 def latest_runs(exp: Experiment, records: list[dict]) -> dict[tuple[str, str], list[dict]]:
   """The latest run of `exp` on each device and model that its verdict can judge (one with a baseline and the rule's
   variant; any run with a baseline where it has no rule), by (device, model)."""
-  by_run: dict[Any, list[dict]] = defaultdict(list)
-  for r in records:
-    if r.get("experiment") == exp.name and journal.is_bench(r): by_run[r.get("run")].append(r)
-  latest: dict[tuple[str, str], list[dict]] = {}
-  for run in sorted(by_run.values(), key=lambda rs: _time(_latest(rs))):
-    if any(r.get("baseline") for r in run) and (exp.verdict is None or any(r.get("variant") == exp.verdict.variant for r in run)):
-      latest[(str(run[0].get("device")), str(run[0].get("model")))] = run
-  return latest
+  judged = lambda run: any(r.get("baseline") for r in run) and (exp.verdict is None or any(r.get("variant") == exp.verdict.variant for r in run))
+  return {(device, model): run for (_, device, model), run in journal.latest_runs(records, exp.name, judged).items()}
 
 def at_depths(run: list[dict], variant: str | None = None) -> dict[int, dict]:
   """The baseline's records of a run (or `variant`'s) by depth, the latest at each."""

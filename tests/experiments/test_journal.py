@@ -56,3 +56,25 @@ def test_bench_and_plot_use_the_users_journal(tmp_path: Path, monkeypatch, capsy
   capsys.readouterr()
   assert main(["plot", "-o", str(tmp_path / "k.png")]) == 1
   assert f"none.jsonl: no journal records (the project's are in {journal.PROJECT_JOURNAL})" in capsys.readouterr().err
+
+def _rec(run: str, time: str, model: str = "m", device: str = "d", variant: str = "v", **extra) -> dict:
+  return {"experiment": "e", "run": run, "time": time, "model": model, "device": device, "variant": variant, "metrics": {"tok_s": 1.0}, **extra}
+
+def test_latest_runs_the_newest_run_per_device_and_model():
+  """A run is as new as its newest record, whatever order the journal holds them in; each (device, model) keeps its own."""
+  older = [_rec("a", "2026-12-01T10:00:00+00:00"), _rec("a", "2026-12-01T12:00:00+00:00", variant="w")]
+  newer = _rec("b", "2026-12-01T11:00:00+00:00")
+  other = _rec("c", "2026-12-01T09:00:00+00:00", model="n")
+  latest = journal.latest_runs([older[0], newer, older[1], other, _rec("x", "2026-12-02T00:00:00+00:00") | {"experiment": "f"}], "e")
+  assert latest == {("e", "d", "m"): older, ("e", "d", "n"): [other]}
+
+def test_latest_runs_a_tie_goes_to_the_run_written_last():
+  same = "2026-12-01T10:00:00+00:00"
+  first, second = _rec("a", same), _rec("b", same)
+  assert journal.latest_runs([first, second])[("e", "d", "m")] == [second]
+  assert journal.latest_runs([second, first])[("e", "d", "m")] == [first]
+
+def test_latest_runs_a_run_keep_refuses_leaves_the_one_before():
+  judged, partial = _rec("a", "2026-12-01T10:00:00+00:00", baseline=True), _rec("b", "2026-12-01T11:00:00+00:00")
+  assert journal.latest_runs([judged, partial], keep=lambda run: any(r.get("baseline") for r in run))[("e", "d", "m")] == [judged]
+  assert journal.latest_runs([{"experiment": "e", "kind": "gemv", "metrics": {"tok_s": 1.0}}]) == {}   # not a bench record
