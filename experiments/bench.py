@@ -21,7 +21,7 @@ from experiments import journal, peer_llamacpp
 from experiments.peer_llamacpp import mean_sd
 from ops.kernels import CATEGORIES, replay_kernels, topk_kernels
 from experiments.quality import Probe
-from experiments.profile import attribute, buffer_labels, weight_bytes
+from experiments.profile import attribute, buffer_labels, decode_rows, findings, weights_read
 from experiments.steady import back_to_back_ms, queued_steps
 from quant.files import file_sha256
 from models.deepseek2 import prefill_form
@@ -109,9 +109,10 @@ def prompt_length(depth: int) -> int:
   tg at depth 0 decodes from an empty context, its first token at position 0)."""
   return max(depth, 1)
 
-def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None) -> list[dict]:
+def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None, profile: int | None = None) -> list[dict]:
   """A record for each of cfg.depths, in order; with `quality`, each carries the perplexity (and divergence from the
-  probe's base) that it measured on the same runtime."""
+  probe's base) that it measured on the same runtime; with `profile` (replays), the findings of its depth's decode step
+  profiled kernel by kernel there (experiments/profile.py)."""
   path = cfg.model_file(path)
   if not cfg.depths or min(cfg.depths) < 0: raise ValueError(f"depths must be whole numbers >= 0, got {list(cfg.depths)}")
   if cfg.repeats < 1: raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
@@ -120,7 +121,7 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   patches.install()
   patches.forget_compiled()   # kernels an earlier run in this process compiled would make compile_s no compile
   t0 = time.perf_counter()
-  rt = cfg.runtime(path, max(cfg.pp, prompt_length(max(cfg.depths)) + cfg.warmup + cfg.tokens + 8, quality.ctx if quality else 0))
+  rt = cfg.runtime(path, max(cfg.pp, prompt_length(max(cfg.depths)) + cfg.warmup + max(cfg.tokens, profile or 0) + 8, quality.ctx if quality else 0))
   load_s = time.perf_counter() - t0
   rt.check_fits(cfg.pp)
   for depth in cfg.depths: rt.check_fits(prompt_length(depth), cfg.warmup + cfg.tokens + 2)
@@ -137,6 +138,9 @@ def bench(path: Path, name: str, cfg: BenchConfig, quality: Probe | None = None)
   records = [decode_record(rt, path, name, cfg, depth, shared, bandwidth) for depth in cfg.depths]
   start = cached_start(rt)
   for record in records: record["metrics"]["cached_start_s"] = start
+  for record in records if profile else ():
+    rows, _, _, step_ms = decode_rows(rt, record["metrics"]["depth"], cfg.warmup, profile)
+    record["profile"] = findings(rows, step_ms)
   if quality is not None:
     measured = quality(rt)
     for record in records: record["quality"] = measured
@@ -189,7 +193,7 @@ def decode_record(rt: Runtime, path: Path, name: str, cfg: BenchConfig, depth: i
   kernels = replay_kernels(rt._decode.captured.linear) + replay_kernels(sampler.jit.captured.linear)
   matvecs = rt.kernels.heuristic
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
-  nbytes = weight_bytes(kernels, labels, rt.cfg.vocab_size, moe[0].n_used / moe[0].n_experts if moe else 1.0)
+  nbytes = weights_read(rt, labels)(kernels)
   categories = Counter(cat for cat, *_ in attribute(kernels, labels))
   record = {**journal.context(), "model": name, "file": os.path.basename(path), "model_sha256": file_sha256(path),
             "switches": cfg.switches(), "hints": cfg.hints.as_dict(), "profile_file": cfg.hints.profile.name if cfg.hints.profile else None,

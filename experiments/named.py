@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as T, GGML_QUANT_SIZES
 from tinygrad import Device
 from experiments.bench import BenchConfig, bench, pm
 from experiments.journal import context, latest_runs, number as _number
+from experiments.profile import findings_text
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
@@ -45,6 +46,7 @@ def _text(value: Any) -> str:
   return value
 
 QUALITY_KEYS: dict[str, Callable[[Any], Any]] = {"text": _text, **{k: functools.partial(_typed, k, int) for k in ("ctx", "chunks")}}
+PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {"repeats": functools.partial(_typed, "repeats", int)}
 BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k, int) for k in ("tokens", "pp", "warmup", "ctx")}, "depths": _depths}
 
 class Needs(enum.Enum):
@@ -63,17 +65,21 @@ HAS_TENSOR = {Needs.EXPERTS: ("_exps.", "experts (MoE blocks)"), Needs.SHARED_EX
 class Expect(enum.Enum):
   HIGHER = "higher"
   LOWER = "lower"
+  SAME = "same"     # within the margin either way
 
 @dataclass(frozen=True)
 class Verdict:
-  """The rule that says whether a run reproduced the seed's finding: `variant`'s `metric` (a metrics key, or
-  quality.<key>) against the baseline's at the same depth moves as `expect` says by more than `margin` (a fraction of the
-  baseline's) and by more than twice their spread where it was measured: reproduced; the other way: contradicted;
-  neither: not reproduced."""
+  """The rule that says whether a run reproduced the seed's finding: `variant`'s `metric` (a metrics key, quality.<key> or
+  profile.<key>) against the baseline's at the same depth, or, where `against` is given, against another metric of the
+  same record (a name) or a value the seed states (a number). It moves as `expect` says (higher, lower) by more than
+  `margin` (a fraction of what it is compared with) and by more than twice their spread where it was measured:
+  reproduced; the other way: contradicted; neither: not reproduced. `same` is reproduced within the margin, contradicted
+  beyond it."""
   metric: str
   variant: str
   expect: Expect
   margin: float = 0.05
+  against: str | float | None = None
 
 @dataclass(frozen=True)
 class Variant:
@@ -94,6 +100,8 @@ class Experiment:
   verdict: Verdict | None = None
   needs: tuple[Needs, ...] = ()
   cpu_model: str | None = None   # the CPU's model where it differs (`model` is then the GPU's): a -tiny one for a seed model too large
+  profile: dict[str, int] | None = None   # if given, each variant's decode step profiled kernel by kernel too (its findings in
+                                          # the record's `profile`): repeats (replays timed, default PROFILE_REPEATS)
 
   @property
   def all_variants(self) -> tuple[Variant, ...]: return (self.baseline, *self.variants)
@@ -118,17 +126,22 @@ def _variant(where: str, raw: Any) -> Variant:
   if not isinstance(raw, dict) or not isinstance(raw.get("name"), str): raise ExperimentError(f"{where}: a variant needs a name")
   return Variant(raw["name"], _checked(f"{where} {raw['name']!r}", raw.get("switches", {}), SWITCHES))
 
-def _verdict(where: str, raw: Any, variants: set[str]) -> Verdict | None:
+def _verdict(where: str, raw: Any, variants: set[str], baseline: str) -> Verdict | None:
   if raw is None: return None
-  if not isinstance(raw, dict) or set(raw) - {"metric", "variant", "expect", "margin"} or not {"metric", "variant", "expect"} <= set(raw):
-    raise ExperimentError(f"{where}: verdict takes metric, variant, expect (higher or lower) and optionally margin, got {raw!r}")
-  if raw["variant"] not in variants: raise ExperimentError(f"{where}: verdict names no variant of this experiment: {raw['variant']!r}")
+  if not isinstance(raw, dict) or set(raw) - {"metric", "variant", "expect", "margin", "against"} or not {"metric", "variant", "expect"} <= set(raw):
+    raise ExperimentError(f"{where}: verdict takes metric, variant, expect (higher, lower or same) and optionally margin and against, got {raw!r}")
+  against = raw.get("against")
+  if against is not None and not (isinstance(against, str) and against or _number(against)):
+    raise ExperimentError(f"{where}: verdict against must be a metric's name or a number, got {against!r}")
+  if raw["variant"] not in variants | ({baseline} if against is not None else set()):
+    raise ExperimentError(f"{where}: verdict names no variant of this experiment: {raw['variant']!r}"
+                          + (" (the baseline is judged only against another metric or a value: against)" if raw["variant"] == baseline else ""))
   try: expect = Expect(raw["expect"])
-  except ValueError: raise ExperimentError(f"{where}: verdict expect must be higher or lower, got {raw['expect']!r}") from None
+  except ValueError: raise ExperimentError(f"{where}: verdict expect must be higher, lower or same, got {raw['expect']!r}") from None
   margin = raw.get("margin", Verdict.margin)
   if not _number(margin) or not 0 <= margin < 1:
     raise ExperimentError(f"{where}: verdict margin must be a fraction in [0, 1), got {margin!r}")
-  return Verdict(str(raw["metric"]), raw["variant"], expect, float(margin))
+  return Verdict(str(raw["metric"]), raw["variant"], expect, float(margin), against)
 
 def _needs(where: str, raw: Any) -> tuple[Needs, ...]:
   items = raw if isinstance(raw, list) else [] if raw is None else [raw]
@@ -142,22 +155,27 @@ def _models(where: str, raw: Any) -> tuple[str, str | None]:
   raise ExperimentError(f"{where}: model must be a name or {{gpu: NAME, cpu: NAME}}, got {raw!r}")
 
 def load(path: Path) -> Experiment:
+  """An experiment's definition, checked: one line names the first thing wrong. `variants` may be empty only where the
+  verdict judges the baseline alone (against another of its metrics or a value)."""
   where = str(path)
   try: raw = yaml.safe_load(path.read_text())
   except yaml.YAMLError as e: raise ExperimentError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
   if not isinstance(raw, dict): raise ExperimentError(f"{where}: expected a mapping at the top")
   for key in ("description", "model", "baseline", "variants"):
     if key not in raw: raise ExperimentError(f"{where}: missing {key!r}")
-  if not isinstance(raw["variants"], list) or not raw["variants"]: raise ExperimentError(f"{where}: 'variants' must be a non-empty list")
+  if not isinstance(raw["variants"], list): raise ExperimentError(f"{where}: 'variants' must be a list")
   baseline, variants = _variant(where, raw["baseline"]), tuple(_variant(where, v) for v in raw["variants"])
   if len({v.name for v in (baseline, *variants)}) != 1 + len(variants): raise ExperimentError(f"{where}: variant names must be unique")
-  if unknown := set(raw) - {"description", "model", "reproduces", "bench", "baseline", "variants", "quality", "verdict", "needs"}:
+  if unknown := set(raw) - {"description", "model", "reproduces", "bench", "baseline", "variants", "quality", "verdict", "needs", "profile"}:
     raise ExperimentError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+  verdict = _verdict(where, raw.get("verdict"), {v.name for v in variants}, baseline.name)
+  if not variants and (verdict is None or verdict.variant != baseline.name):
+    raise ExperimentError(f"{where}: 'variants' must be a non-empty list, unless the verdict judges the baseline against another metric or a value")
   model, cpu_model = _models(where, raw["model"])
   return Experiment(path.stem, str(raw["description"]).strip(), model, str(raw.get("reproduces", "")).strip(),
                     _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants,
-                    _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS),
-                    _verdict(where, raw.get("verdict"), {v.name for v in variants}), _needs(where, raw.get("needs")), cpu_model)
+                    _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS), verdict, _needs(where, raw.get("needs")), cpu_model,
+                    _checked(f"{where} profile", raw.get("profile") or {}, PROFILE_KEYS) if "profile" in raw else None)
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
@@ -179,6 +197,7 @@ def chosen_variants(exp: Experiment, only: list[str] | None) -> list[Variant]:
   return [v for v in exp.all_variants if only is None or v.name in only or v is exp.baseline]
 
 Q4K_ROW = GGML_QUANT_SIZES[T.Q4_K][0]
+PROFILE_REPEATS = 5
 
 def unmet(exp: Experiment, model: str, model_path: Callable[[str], Path], device: str) -> str | None:
   """Why `exp` cannot show its effect on `model` on `device` (tinygrad's name), in one line; None where it can. The
@@ -219,7 +238,8 @@ def run(exp: Experiment, model_path: Callable[[str], Path], model: str | None = 
     probe = quality_probe(exp.quality, workdir, progress) if exp.quality else None
     for v in chosen:
       cfg = config(exp, v, dataclasses.replace(base, peer=base.peer and v is exp.baseline), sizes)
-      for measured in bench(path, model_label(name), cfg, probe):
+      replays = None if exp.profile is None else exp.profile.get("repeats", PROFILE_REPEATS)
+      for measured in bench(path, model_label(name), cfg, probe, replays):
         record = {**measured, "experiment": exp.name, "variant": v.name, "baseline": v is exp.baseline, "run": run_id, **tags}
         on_record(record)
         records.append(record)
@@ -298,13 +318,13 @@ def results_table(records: list[dict]) -> str:
   """Variants beside their baseline at the same depth: kernels/token, tok/s and prompt processing tok/s (mean ± sd where
   the spread was measured) with the changes from the baseline, and the peer's (llama.cpp's) where it was measured. Under
   the table: each flagged record's flags (the record marked ! in its row), the records that cannot be compared and why,
-  and what an old record's pp means."""
+  what an old record's pp means, and the findings of each profiled record."""
   bases = {r["metrics"].get("depth"): r["metrics"] for r in records if r.get("baseline")}
   head = ["variant", "depth", "kernels/tok", "Δ kernels", "tok/s", "Δ tok/s", "ms/tok", "MB/tok", "pp tok/s", "Δ pp", "llama.cpp",
           "llama.cpp pp"]
   with_quality = any("quality" in r for r in records)
   if with_quality: head += ["perplexity", "KL", "top-1"]
-  rows, flags, notes, prefill = [], [], [], set()
+  rows, flags, notes, profiled, prefill = [], [], [], [], set()
   for r in records:
     m = r["metrics"]
     name = f"{r.get('variant')}{' (baseline)' if r.get('baseline') else ''}"
@@ -322,10 +342,11 @@ def results_table(records: list[dict]) -> str:
                  _mean_sd(r.get("peer"), "tok_s", 2), _mean_sd(r.get("peer"), "pp_tok_s", 1),
                  *(quality_cells(r.get("quality")) if with_quality else [])])
     flags += [f"! {at}: {flag}" for flag in r.get("flags") or ()]
+    if isinstance(r.get("profile"), dict): profiled.append(f"profile {at}: {findings_text(r['profile'])}")
   if prefill: notes.append(f"pp of records from before --pp: the prefill of their prompt ({', '.join(map(str, sorted(prefill, key=str)))} tokens)")
   widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
   line = lambda cells: " ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-  return "\n".join([line(head), "-" * len(line(head)), *map(line, rows), *flags, *notes])
+  return "\n".join([line(head), "-" * len(line(head)), *map(line, rows), *flags, *notes, *profiled])
 
 def quality_cells(q: dict | None) -> list[str]:
   if not isinstance(q, dict) or not _number(q.get("perplexity")): return ["-", "-", "-"]

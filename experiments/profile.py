@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from typing import Callable
 from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.engine.realize import ExecContext, get_call_arg_uops, get_graph_runtime, pm_exec
@@ -35,6 +36,7 @@ class KernelRow:
   reads: tuple[str, ...]    # every labelled weight or cache it touches
   us: float | None          # median time, or its batch's average when `batched`
   batched: bool
+  weight_bytes: int = 0     # bytes of weights it reads (`weight_bytes`): with a time of its own, its bandwidth
 
 def _buffer(u: UOp) -> Buffer | None:
   while u.op is not Ops.BUFFER and u.src: u = u.src[0]
@@ -91,13 +93,15 @@ def _read(k: Kernel, labels: Labels) -> list[tuple[str, LabelKind]]:
   return sorted(read, key=lambda nk: (_PRIORITY[nk[1]], nk[0]))
 
 def attribute(kernels: list[Kernel], labels: Labels) -> list[tuple[str, str, str, tuple[str, ...]]]:
-  """(category, block, module, reads) per kernel. A kernel reading nothing labelled belongs to the block of the next one
-  that does (the norm that feeds a matmul), or of the one before it at the end."""
+  """(category, block, module, reads) per kernel. A kernel reading nothing labelled belongs to the block of the ones
+  that do around it; between two blocks, a reduce to the next (a norm's first pass, feeding its matmul) and any other
+  kernel to the one before (its output added to the residual); before the first or after the last, to the one there is."""
   read = [_read(k, labels) for k in kernels]
   places = [_place(r[0][0]) if r else None for r in read]
-  blocks = [p[0] if p else None for p in places]
-  for i in reversed(range(len(blocks) - 1)): blocks[i] = blocks[i] or blocks[i + 1]
-  for i in range(1, len(blocks)): blocks[i] = blocks[i] or blocks[i - 1]
+  before, after = [p[0] if p else None for p in places], [p[0] if p else None for p in places]
+  for i in range(1, len(before)): before[i] = before[i] or before[i - 1]
+  for i in reversed(range(len(after) - 1)): after[i] = after[i] or after[i + 1]
+  blocks = [(a if k.is_reduce else b) if a and b else a or b for k, a, b in zip(kernels, after, before)]
   return [(category(k, {kind for _, kind in r}), b or "-", p[1] if p else "-", tuple(name for name, _ in r))
           for k, r, p, b in zip(kernels, read, places, blocks)]
 
@@ -110,6 +114,14 @@ def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int, experts
     if "matmul" in kinds[b]: return b.nbytes
     return round(b.nbytes * experts_read) if "experts" in kinds[b] else b.nbytes // table_rows
   return sum(read(b) for b in touched if kinds[b] & {"matmul", "experts", "table"})
+
+def weights_read(rt, labels: Labels) -> Callable[[list[Kernel]], int]:
+  """What gives the bytes of weights some of the runtime's kernels read (`weight_bytes`), a MoE block's experts at the
+  share of them a token uses."""
+  from models.moe import MoE
+  moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
+  share = moe[0].n_used / moe[0].n_experts if moe else 1.0
+  return lambda kernels: weight_bytes(kernels, labels, rt.cfg.vocab_size, share)
 
 @contextmanager
 def timed_replays(per_call: dict[UOp, list[list[tuple[float, bool]]]]):
@@ -137,12 +149,14 @@ def timed_replays(per_call: dict[UOp, list[list[tuple[float, bool]]]]):
     per_call.setdefault(linear, []).append(times)
   with patches.replays_through(run_timed): yield
 
-def rows_for(linear: UOp, labels: Labels, replay_times: list[list[tuple[float, bool]]], block: str | None = None) -> list[KernelRow]:
-  """One row per kernel of `linear`; times are medians over the timed replays (`timed_replays`)."""
+def rows_for(linear: UOp, labels: Labels, replay_times: list[list[tuple[float, bool]]], read: Callable[[list[Kernel]], int],
+             block: str | None = None) -> list[KernelRow]:
+  """One row per kernel of `linear`, with the bytes of weights `read` says it reads; times are medians over the timed
+  replays (`timed_replays`)."""
   kernels = replay_kernels(linear)
   us = [statistics.median(t for t, _ in ts) * 1e6 for ts in zip(*replay_times)] if replay_times else [None] * len(kernels)
   batched = [any(b for _, b in ts) for ts in zip(*replay_times)] if replay_times else [k.batch is not None for k in kernels]
-  return [KernelRow(i, k.name, cat, block or blk, module, reads, t, split)
+  return [KernelRow(i, k.name, cat, block or blk, module, reads, t, split, read([k]))
           for i, (k, (cat, blk, module, reads), t, split) in enumerate(zip(kernels, attribute(kernels, labels), us, batched))]
 
 def block_summary(rows: list[KernelRow]) -> list[dict]:
@@ -193,10 +207,54 @@ def _kernel_table(rows: list[KernelRow], with_block: bool) -> list[str]:
     us = "-" if r.us is None else f"{r.us:.1f}{'*' if r.batched else ''}"
     where = f"{r.block:<8} " if with_block else ""
     reads = ", ".join(x.split(".", 2)[-1] if x.startswith("blk.") else x for x in r.reads) or "-"
-    out.append(f"  {r.index:>4}  {where}{r.name:<{width}}  {r.category:<11} {r.module:<24} {us:>10} us  reads {reads}")
+    gbps = f"{r.weight_bytes / r.us / 1e3:.0f} GB/s" if r.us and r.weight_bytes and not r.batched else "-"
+    out.append(f"  {r.index:>4}  {where}{r.name:<{width}}  {r.category:<11} {r.module:<24} {us:>10} us {gbps:>10}  reads {reads}")
   return out
 
 def as_json(rows: list[KernelRow]) -> list[dict]: return [asdict(r) for r in rows]
+
+TOP = 8   # the slowest kernels a profile's findings list
+
+def _gbps(rows: list[KernelRow]) -> float | None:
+  """The bandwidth the rows' weight reads reached over their summed own times (None where a time is a batch's share)."""
+  us, nbytes = sum(r.us or 0.0 for r in rows), sum(r.weight_bytes for r in rows)
+  return nbytes / us / 1e3 if rows and us > 0 and nbytes and not any(r.batched or r.us is None for r in rows) else None
+
+def findings_text(f: dict, top: int = 3) -> str:
+  """A profile's findings (`findings`) in a line: kernels and their time, the spread of their times, the block forms,
+  the matmuls' bandwidth and the slowest kernels."""
+  num = lambda key, spec, unit="": "-" if f.get(key) is None else f"{f[key]:{spec}}{unit}"
+  forms = ", ".join(f"{b['blocks']}: {b['kernels']}" for b in f.get("block_forms", [])) or "none"
+  slowest = "; ".join(f"{k['name']} ({k['module']}) {k['us']:.1f} us" + (f" {k['gbps']:.0f} GB/s" if k.get("gbps") else "")
+                      for k in f.get("top", [])[:top])
+  return (f"{f.get('kernels')} kernels, {num('kernel_ms', '.3f', ' ms')} summed (step {num('step_ms', '.3f', ' ms')}), time spread "
+          f"{num('time_cv', '.2f')} ({f.get('batched', 0)} timed as a batch's share); kernels per block: {forms}; MoE block forms "
+          f"{f.get('moe_block_forms', 0)}; weight reads: experts {num('experts_gbps', '.0f', ' GB/s')}, dense {num('dense_gbps', '.0f', ' GB/s')}; "
+          f"slowest: {slowest or '-'}")
+
+def findings(rows: list[KernelRow], step_ms: float | None) -> dict:
+  """What an experiment with `profile:` records of a profiled step, the seed's profile-reading findings in numbers:
+  the kernels and their summed time; `time_cv`, the spread of the kernels' times over their mean (near a graph's, every
+  kernel of a batch timed at its share: uniform); the per-block kernel map as its forms (blocks with the same kernels in
+  the same order share one) and those of the MoE blocks (the ones reading experts); the bandwidth of the expert and the
+  dense matmuls' weight reads (each kernel timed alone); the whole step's time; and the slowest kernels with theirs."""
+  timed = [r.us for r in rows if r.us is not None]
+  blocks = [b["block"] for b in block_summary(rows) if b["block"].startswith("blk.")]
+  forms: dict[tuple, list[str]] = {}
+  for b in blocks: forms.setdefault(pattern(rows, b), []).append(b)
+  experts = lambda r: any("_exps" in x for x in r.reads)
+  moe = {b for b in blocks if any(experts(r) for r in rows if r.block == b)}
+  moe_forms = [members for members in forms.values() if members[0] in moe]
+  matmuls = [r for r in rows if r.category == "matmul" and r.weight_bytes]
+  top = sorted((r for r in rows if r.us is not None), key=lambda r: -r.us)[:TOP]   # type: ignore[operator]
+  return {"kernels": len(rows), "kernel_ms": sum(timed) / 1e3 if timed else None, "step_ms": step_ms,
+          "time_cv": statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 and statistics.mean(timed) > 0 else None,
+          "batched": sum(r.batched for r in rows),
+          "block_forms": [{"blocks": _ranges(members), "kernels": len(form)} for form, members in forms.items()],
+          "moe_block_forms": len(moe_forms), "moe_block_kernels": sorted(len(pattern(rows, m[0])) for m in moe_forms),
+          "experts_gbps": _gbps([r for r in matmuls if experts(r)]), "dense_gbps": _gbps([r for r in matmuls if not experts(r)]),
+          "top": [{"name": r.name, "block": r.block, "module": r.module, "us": r.us, "mb": r.weight_bytes / 1e6, "gbps": _gbps([r])}
+                  for r in top]}
 
 def profile_model(path, name: str, cfg, repeats: int = 5, prefill: bool = False) -> tuple[str, list[KernelRow], str]:
   """Captures decode (and the greedy sampler) after cfg.depth tokens of context, then times `repeats` replays
@@ -224,7 +282,8 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
   with timed_replays(times):
     for _ in range(repeats): rt.prefill_chunks(ids).realize()
   linear = rt._prefill.captured.linear
-  rows = rows_for(linear, buffer_labels(rt.weights.labels), times.get(linear, []))
+  labels = buffer_labels(rt.weights.labels)
+  rows = rows_for(linear, labels, times.get(linear, []), weights_read(rt, labels))
   # the weights' matmuls: attention's read a cache
   gemm_us = sum(r.us or 0.0 for r in rows if r.category == "matmul" and not r.module.endswith("cache"))
   flops = 2 * rt.chunk * dense_block_weights(rt)
@@ -251,16 +310,23 @@ def cuda_profiler_range():
     cuda.cuProfilerStop()
 
 def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], str]:
-  from experiments.bench import prompt_ids, prompt_length
+  from experiments.bench import prompt_length
   from experiments.journal import device_name
+  rt = cfg.runtime(path, prompt_length(cfg.depth) + cfg.warmup + repeats + 8)
+  rows, pos, note, _ = decode_rows(rt, cfg.depth, cfg.warmup, repeats)
+  return f"{name}: one decode step at position {pos} on {device_name()}, {cfg.describe()}", rows, note
+
+def decode_rows(rt, depth: int, warmup: int, repeats: int) -> tuple[list[KernelRow], int, str, float | None]:
+  """Captures decode (and the greedy sampler) on `rt` after `depth` tokens of context and `warmup` steps, then times
+  `repeats` replays kernel by kernel. Returns the rows of the decode step and the sampler, the last position timed, a
+  note on what the times mean, and the whole step's time (ms) as the generation loop replays it."""
+  from experiments.bench import prompt_ids, prompt_length
   from ops.sampling import Sampler, SamplerParams
-  prompt = prompt_length(cfg.depth)
-  rt = cfg.runtime(path, prompt + cfg.warmup + repeats + 8)
   sampler = Sampler(SamplerParams(temperature=0))
   times: dict[UOp, list[list[tuple[float, bool]]]] = {}
   with rt.kernels:   # the sampler's kernels too, as the runtime's generation loop compiles them
-    token, pos = sampler(rt.prefill(prompt_ids(rt, prompt))), prompt
-    for _ in range(1 + cfg.warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1   # the first compiles and captures
+    token, pos = sampler(rt.prefill(prompt_ids(rt, prompt := prompt_length(depth)))), prompt
+    for _ in range(1 + warmup): token, pos = sampler(rt.decode(token, pos)), pos + 1   # the first compiles and captures
     if os.environ.get(NCU_RANGE):
       with cuda_profiler_range(): token, pos = sampler(rt.decode(token, pos)), pos + 1
     else:
@@ -268,15 +334,15 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
         for _ in range(repeats): token, pos = sampler(rt.decode(token, pos)), pos + 1
   labels = buffer_labels(rt.weights.labels)
   decode, sample = rt._decode.captured.linear, sampler.jit.captured.linear
-  rows = rows_for(decode, labels, times.get(decode, [])) + rows_for(sample, labels, times.get(sample, []), block="sampler")
+  read = weights_read(rt, labels)
+  rows = rows_for(decode, labels, times.get(decode, []), read) + rows_for(sample, labels, times.get(sample, []), read, block="sampler")
   rows = [replace(r, index=i) for i, r in enumerate(rows)]
-  title = f"{name}: one decode step at position {pos - 1} on {device_name()}, {cfg.describe()}"
-  note = timing_note(rows, repeats)
+  note, step_ms = timing_note(rows, repeats), None
   if times:   # the whole step too, as the generation loop runs it: what the kernels' times leave is the host's
     step_ms = queued_steps(rt, sampler, token, pos, repeats)[1]
     beyond = step_ms - sum(r.us or 0.0 for r in rows) / 1e3
     note += f" The whole step (decode and sampler replayed back to back) took {step_ms:.2f} ms: {beyond:.2f} ms beyond the kernels' sum."
-  return title, rows, note
+  return rows, pos - 1, note, step_ms
 
 def timing_note(rows: list[KernelRow], repeats: int) -> str:
   """What the times of timed replays' rows mean: each kernel's own, or its graph batch's split evenly."""

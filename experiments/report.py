@@ -15,6 +15,7 @@ from experiments import journal, named
 from experiments.journal import number as _num, record_time as _time
 from experiments.named import Expect, Experiment, Verdict
 from experiments.plot import plot, short_device
+from experiments.profile import findings_text
 from ops.cache import write_whole
 
 PP = 512                                      # the prompt processing of the matrix: llama-bench's pp512
@@ -28,22 +29,32 @@ def _latest(records: list[dict]) -> dict:
   return max(enumerate(records), key=lambda ir: (_time(ir[1]), ir[0]))[1]
 
 def value(record: dict, metric: str) -> tuple[float | None, float | None]:
-  """The mean and the sd (None where not measured) of `metric` in `record`: metrics.<metric> and metrics.<metric>_sd, or
-  quality.<key>."""
-  table, key = (record.get("quality"), metric.removeprefix("quality.")) if metric.startswith("quality.") else (record.get("metrics"), metric)
+  """The mean and the sd (None where not measured) of `metric` in `record`: metrics.<metric> and metrics.<metric>_sd,
+  quality.<key> or profile.<key>."""
+  table, key = record.get("metrics"), metric
+  for part in ("quality", "profile"):
+    if metric.startswith(f"{part}."): table, key = record.get(part), metric.removeprefix(f"{part}.")
   table = table if isinstance(table, dict) else {}
   mean, sd = table.get(key), table.get(f"{key}_sd")
   return (mean if _num(mean) else None), (sd if _num(sd) else None)
 
 def judge(rule: Verdict, base: dict | None, variant: dict | None) -> str:
-  """The verdict of `rule` on the baseline's and the variant's records at one depth: the variant's metric moves as the
-  rule expects by more than its margin of the baseline's and by more than twice their combined sd (the sds measured):
-  reproduced; the other way by as much: contradicted; neither: not reproduced; a record or its metric missing: not run."""
-  (b, b_sd), (v, v_sd) = value(base or {}, rule.metric), value(variant or {}, rule.metric)
+  """The verdict of `rule` on the baseline's and the variant's records at one depth: the variant's metric moves from what
+  it is compared with (the baseline's, or the rule's `against`: a metric of the variant's record or a value) as the
+  rule expects by more than its margin of that and by more than twice their combined sd (the sds measured):
+  reproduced; the other way by as much: contradicted; neither: not reproduced; `same`: reproduced within that bound,
+  contradicted beyond it; a record or its metric missing: not run."""
+  (v, v_sd), (b, b_sd) = value(variant or {}, rule.metric), compared(rule, base, variant)
   if b is None or v is None: return NOT_RUN
-  move = v - b if rule.expect is Expect.HIGHER else b - v
   bound = max(rule.margin * abs(b), 2 * math.hypot(b_sd or 0.0, v_sd or 0.0))
+  if rule.expect is Expect.SAME: return REPRODUCED if abs(v - b) <= bound else CONTRADICTED
+  move = v - b if rule.expect is Expect.HIGHER else b - v
   return REPRODUCED if move > bound else CONTRADICTED if -move > bound else NOT_REPRODUCED
+
+def compared(rule: Verdict, base: dict | None, variant: dict | None) -> tuple[float | None, float | None]:
+  """What the rule compares the variant's metric with, and its sd: the baseline's metric, or the rule's `against`."""
+  if isinstance(rule.against, str): return value(variant or {}, rule.against)
+  return (None if variant is None else float(rule.against), None) if rule.against is not None else value(base or {}, rule.metric)
 
 def fmt(x: float, sd: float | None = None) -> str:
   """A figure to three significant digits or more (thousands apart by commas), its sd beside it at the same decimals."""
@@ -97,10 +108,14 @@ def verdicts(exp: Experiment, run: list[dict]) -> list[tuple[int, dict, dict | N
 def rule_text(exp: Experiment) -> str:
   v = exp.verdict
   if v is None: return "Its definition states no verdict rule."
+  than = (f"the baseline's (`{exp.baseline.name}`) at the same depth" if v.against is None else
+          f"its own `{v.against}`" if isinstance(v.against, str) else f"{v.against:g}, the seed's figure")
+  bound = f"{100 * v.margin:g}% of it and twice their combined sd where measured"
+  if v.expect is Expect.SAME:
+    return f"Rule: `{v.variant}`'s `{v.metric}` the same as {than} within {bound}: reproduced; beyond that: contradicted."
   other = "lower" if v.expect is Expect.HIGHER else "higher"
-  return (f"Rule: `{v.variant}`'s `{v.metric}` {v.expect.value} than the baseline's (`{exp.baseline.name}`) at the same depth by more "
-          f"than {100 * v.margin:g}% of it and twice their combined sd where measured: reproduced; {other} by as much: contradicted; "
-          "otherwise not reproduced.")
+  return (f"Rule: `{v.variant}`'s `{v.metric}` {v.expect.value} than {than} by more than {bound}: reproduced; {other} by as much: "
+          "contradicted; otherwise not reproduced.")
 
 def _chart_kind(exp: Experiment, run: list[dict]) -> str:
   metric = exp.verdict.metric if exp.verdict else "tok_s"
@@ -139,18 +154,24 @@ def experiment_section(exp: Experiment, records: list[dict], all_devices: list[s
   runs = latest_runs(exp, records)
   lines = [f"### {exp.name}", "", exp.description, "", f"Seed's claim: {exp.reproduces or 'none stated'}", "", rule_text(exp), ""]
   rows, metric, variant = [], exp.verdict.metric if exp.verdict else "tok_s", exp.verdict.variant if exp.verdict else "variant"
-  head = ["device", "model", "run", "depth", f"{exp.baseline.name} (baseline)", variant, "change", "verdict"]
+  against = exp.verdict.against if exp.verdict else None
+  head = ["device", "model", "run", "depth", f"{exp.baseline.name} (baseline)" if against is None else str(against), variant, "change", "verdict"]
   for device in all_devices:
     mine = [(model, run) for (d, model), run in sorted(runs.items()) if d == device]
     if not mine: rows.append([short_device(device), "-", "-", "-", "-", "-", "-", NOT_RUN])
     for model, run in mine:
       for depth, b, v, verdict in verdicts(exp, run):
-        rows.append([short_device(device), model, _when(run), str(depth), _cell(b, metric), "-" if v is None else _cell(v, metric),
-                     "-" if v is None else _change(b, v, metric), verdict if verdict in (NOT_RUN, NO_RULE) else f"**{verdict}**"])
+        (c, c_sd), (x, _) = compared(exp.verdict, b, v) if exp.verdict else value(b, metric), value(v or {}, metric)
+        rows.append([short_device(device), model, _when(run), str(depth), "-" if c is None else fmt(c, c_sd), "-" if v is None else _cell(v, metric),
+                     "-" if c is None or x is None or c == 0 else f"{100 * (x / c - 1):+.1f}%",
+                     verdict if verdict in (NOT_RUN, NO_RULE) else f"**{verdict}**"])
   lines += _table(head, rows)
   for (device, model), run in sorted(runs.items(), key=lambda kv: (all_devices.index(kv[0][0]), kv[0][1])):
     lines += ["", f"#### {short_device(device)} · {model} · {_when(run)}", "", *run_table(run)]
     lines += _flags(run, lambda r: f"{r.get('variant')} at depth {r['metrics'].get('depth')}")
+    profiled = [f"- profile of {r.get('variant')} at depth {r['metrics'].get('depth')}: {findings_text(r['profile'])}" for r in run
+                if isinstance(r.get("profile"), dict)]
+    lines += ["", *profiled] if profiled else []
     kind = _chart_kind(exp, run)
     lines += ["", chart(_slug("exp", exp.name, short_device(device), model), kind, run,
                         f"{exp.name} on {model}, {short_device(device)}: {kind} per variant", exp.name)]

@@ -61,6 +61,7 @@ class Runtime:
     self.hints = hints or resolve()
     h = self.hints
     self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores,
+                                   h.graphs,
                                    programs=(JitStore() if jits is None else jits) if keep_programs else None)
     self.gguf = GGUFFile(path)
     self.arch = arch = architecture_of(self.gguf)

@@ -71,7 +71,7 @@ class KernelSettings:
   where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
   with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
   set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's); `tensor_cores` off sets its TC to 0, so no kernel
-  uses them. `edges` counts the programmatic edges graphs built, `compile_s` the seconds spent compiling kernels (or
+  uses them; `graphs` off sets its JIT to 2, so a captured step launches its kernels one by one, no graph batching them. `edges` counts the programmatic edges graphs built, `compile_s` the seconds spent compiling kernels (or
   taking them from `programs`). `programs`: where compiled programs are kept across processes (an object with
   `program(key, compile) -> PROGRAM`, models/jit_cache.py's store), or None."""
   heuristic: Any = None
@@ -80,6 +80,7 @@ class KernelSettings:
   beam: int | None = None
   jit_batch_size: int | None = None
   tensor_cores: bool = True
+  graphs: bool = True
   edges: list[int] = field(default_factory=lambda: [0], compare=False, hash=False, repr=False)
   compile_s: list[float] = field(default_factory=lambda: [0.0], compare=False, hash=False, repr=False)
   programs: Any = field(default=None, compare=False, hash=False, repr=False)
@@ -92,7 +93,8 @@ class KernelSettings:
   def __enter__(self) -> "KernelSettings":
     from tinygrad.helpers import Context
     tinygrad = Context(**{k.upper(): v for k, v in (("beam", self.beam), ("jit_batch_size", self.jit_batch_size),
-                                                    ("tc", None if self.tensor_cores else 0)) if v is not None})
+                                                    ("tc", None if self.tensor_cores else 0), ("jit", None if self.graphs else 2))
+                                   if v is not None})
     tinygrad.__enter__()
     _active.append((self, tinygrad))
     return self

@@ -153,6 +153,8 @@ HINTS: dict[str, Hint] = {
                      "heuristic for every kernel, GPU ones too)", metavar="N"),
   "jit_batch_size": Hint(lambda: JIT_BATCH_SIZE.value, _count, "kernels per graph batch on backends with graphs (tinygrad's "
                          "JIT_BATCH_SIZE)", metavar="N"),
+  "graphs": Hint(True, _bool, "a captured step's kernels replayed in graph batches on backends with graphs (CUDA graphs; off: "
+                 "launched one by one, tinygrad's JIT=2, as before capture)"),
   "beam": Hint(lambda: BEAM.value, _count, "tinygrad's BEAM search width for the kernels (0: hand-coded heuristics; slow to "
                "compile)", metavar="N"),
   "pdl": Hint(False, _bool, "programmatic dependent launch in CUDA graphs (sm_90 and later): each kernel lets the next one launch "

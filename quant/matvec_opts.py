@@ -150,13 +150,13 @@ def cpu_gemm(k: Scheduler) -> Scheduler | None:
 
 def kernel_settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forced: Sizes | None = None, pdl: bool = False,
                     prefetch: bool = False, beam: int | None = None, jit_batch_size: int | None = None,
-                    tensor_cores: bool = True, programs: Any = None) -> KernelSettings:
+                    tensor_cores: bool = True, graphs: bool = True, programs: Any = None) -> KernelSettings:
   """The kernel settings of a runtime or a matvec measurement: MatvecOpts of `row_upcast` rows (0: tinygrad's heuristic for
   every kernel, GPU ones too) with GPU sizes `tuned` per kernel shape and `forced` (else TINYZOO_GPU_MATVEC's) on every
-  kernel; programmatic launch, its prefetch only with it; tinygrad's BEAM and JIT batch size; tensor cores or none; the
-  store that keeps compiled programs across processes, if any."""
+  kernel; programmatic launch, its prefetch only with it; tinygrad's BEAM and JIT batch size; tensor cores or none; graph
+  batches of a captured step's kernels or none; the store that keeps compiled programs across processes, if any."""
   opts = MatvecOpts.of(row_upcast, tuned or {}, forced or forced_from_env()) if row_upcast else None
-  return KernelSettings(opts, pdl, pdl and prefetch, beam, jit_batch_size, tensor_cores, programs=programs)
+  return KernelSettings(opts, pdl, pdl and prefetch, beam, jit_batch_size, tensor_cores, graphs, programs=programs)
 
 def kernel_shape(k: Scheduler) -> str:
   """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x4x2x64x4' (rows,

@@ -13,7 +13,8 @@ from tinygrad.codegen.opt import OptOps
 from experiments import journal, named
 from experiments.bench import BenchConfig, bench
 from ops.kernels import CATEGORIES
-from experiments.profile import block_summary, profile_model, report
+from experiments.profile import TOP, block_summary, profile_model, report
+from models.catalog import synthesized
 from models.synth import synthesize
 from ops import patches
 
@@ -184,3 +185,32 @@ def test_bytes_per_token_count_only_the_experts_a_token_uses(tmp_path: Path):
   head = sizes["output.weight"] + sizes["token_embd.weight"] // g.require("llama.vocab_size")
   (record,) = bench(path, "moe", KEPT)
   assert record["metrics"]["bytes_per_token"] == dense + router + head + round(experts * used / n)
+
+def test_a_profile_experiment_records_its_findings(tmp_path: Path):
+  """An experiment with `profile:` profiles each variant's decode step on its bench's runtime: the findings count the
+  kernels the bench counted, find the MoE blocks' one form, and time the weight reads of experts and dense matmuls; the
+  kernel-map rule (one form) judges the run reproduced, and one comparing two metrics of the record reads both."""
+  from experiments import report
+  defs = tmp_path / "defs"
+  defs.mkdir()
+  (defs / "p.yaml").write_text("""
+description: profiled
+model: deepseek-v2-lite-tiny
+bench: {depths: 4, tokens: 3, pp: 6, warmup: 1}
+profile: {repeats: 2}
+baseline: {name: graphs, switches: {}}
+variants:
+  - {name: alone, switches: {graphs: false}}
+verdict: {metric: profile.moe_block_forms, variant: graphs, expect: same, against: 1, margin: 0}
+""")
+  exp = named.find("p", defs)
+  records = named.run(exp, synthesized, base=BenchConfig(peer=False, kept_programs=True, bandwidth=1.0))
+  for r in records:
+    f = r["profile"]
+    assert f["kernels"] == r["metrics"]["kernels_per_token"] and f["moe_block_forms"] == 1 and len(f["moe_block_kernels"]) == 1
+    assert f["experts_gbps"] > 0 and f["dense_gbps"] > 0 and 0 < f["kernel_ms"] and f["step_ms"] > 0 and len(f["top"]) == TOP
+    assert {b["blocks"] for b in f["block_forms"]} == {"blk.0", "2 blocks (blk.1, 2)"}   # the dense block, then the two MoE blocks
+  assert [v for *_, v in report.verdicts(exp, records)] == [report.REPRODUCED]
+  cross = named.Verdict("profile.experts_gbps", "alone", named.Expect.LOWER, 0.0, "profile.experts_gbps")
+  assert report.judge(cross, None, records[1]) == report.NOT_REPRODUCED   # a metric against itself moves nowhere
+  assert "profile graphs (baseline) @d4: " in named.results_table(records)

@@ -45,12 +45,22 @@ variants:
   (GOOD.replace("skip:", "skipp:"), "unknown key 'skipp'"),
   (GOOD.replace("tokens: 8", "tokens: true"), "tokens must be int, got True"),
   (GOOD.replace("split ffn", "base"), "variant names must be unique"),
-  (GOOD.replace("variants:\n  - ", "variants: []\nx: "), "'variants' must be a non-empty list"),
+  (GOOD.split("variants:")[0] + "variants: []\n", "'variants' must be a non-empty list, unless the verdict judges the baseline"),
+  (GOOD + "verdict: {metric: tok_s, variant: base, expect: higher}\n", "verdict names no variant .*'base' \\(the baseline is judged only against"),
+  (GOOD + "verdict: {metric: tok_s, variant: base, expect: same, against: [1]}\n", "against must be a metric's name or a number"),
+  (GOOD + "verdict: {metric: tok_s, variant: base, expect: equal, against: 1}\n", "expect must be higher, lower or same"),
+  (GOOD + "profile: {replays: 3}\n", "profile: unknown key 'replays' \\(known: repeats\\)"),
 ])
 def test_bad_definitions_are_named(tmp_path: Path, text: str, message: str):
   defs = write(tmp_path, text)
   with pytest.raises(named.ExperimentError, match=message) as e: named.load_all(defs)
   assert str(defs / "x.yaml") in str(e.value) and "\n" not in str(e.value)
+
+def test_a_profile_experiment_may_judge_its_baseline_alone(tmp_path: Path):
+  text = GOOD.split("variants:")[0] + "variants: []\nprofile: {repeats: 2}\nverdict: {metric: profile.moe_block_forms, variant: base, expect: same, against: 1}\n"
+  exp = named.find("x", write(tmp_path, text))
+  assert (exp.variants, exp.profile, exp.verdict.against, exp.verdict.expect) == ((), {"repeats": 2}, 1, named.Expect.SAME)
+  assert named.find("x", write(tmp_path, GOOD)).profile is None
 
 def test_unknown_experiment_lists_known(tmp_path: Path):
   with pytest.raises(named.ExperimentError, match=r"no experiment named 'y' \(known: x\)"): named.find("y", write(tmp_path, GOOD))

@@ -35,6 +35,17 @@ HIGHER, LOWER = Verdict("tok_s", "v", Expect.HIGHER), Verdict("tok_s", "v", Expe
   (Verdict("kernels_per_token", "v", Expect.HIGHER), rec(1), {**rec(1), "metrics": {"kernels_per_token": 120}}, REPRODUCED),
   (Verdict("quality.perplexity", "v", Expect.HIGHER, 0.002), rec(1, quality={"perplexity": 18.199}), rec(1, quality={"perplexity": 18.289}),
    REPRODUCED),
+  # against a value the seed states, or another metric of the same record; same: within the margin
+  (Verdict("profile.moe_block_forms", "v", Expect.SAME, 0.0, 1), None, rec(1, profile={"moe_block_forms": 1}), REPRODUCED),
+  (Verdict("profile.moe_block_forms", "v", Expect.SAME, 0.0, 1), None, rec(1, profile={"moe_block_forms": 2}), CONTRADICTED),
+  (Verdict("profile.moe_block_forms", "v", Expect.SAME, 0.0, 1), None, rec(1), NOT_RUN),
+  (Verdict("profile.experts_gbps", "v", Expect.LOWER, 0.1, "profile.dense_gbps"), None, rec(1, profile={"experts_gbps": 80, "dense_gbps": 100}),
+   REPRODUCED),
+  (Verdict("profile.experts_gbps", "v", Expect.LOWER, 0.1, "profile.dense_gbps"), None, rec(1, profile={"experts_gbps": 95, "dense_gbps": 100}),
+   NOT_REPRODUCED),
+  (Verdict("profile.experts_gbps", "v", Expect.LOWER, 0.1, "profile.dense_gbps"), None, rec(1, profile={"experts_gbps": 120, "dense_gbps": 100}),
+   CONTRADICTED),
+  (Verdict("tok_s", "v", Expect.SAME, 0.05), rec(100), rec(104), REPRODUCED),
 ])
 def test_the_verdict_rule(rule: Verdict, base: dict, variant: dict | None, verdict: str):
   assert judge(rule, base, variant) == verdict

@@ -64,6 +64,17 @@ def test_toy_counts_the_same_inside_graph_batches(rng, monkeypatch, batch_size):
   assert len({k.batch for k in jit_kernels(jit)}) == len(graphs)
   np.testing.assert_allclose(out, toy_reference(x.numpy()), rtol=1e-5)
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_kernel_settings_graphs_off_launches_each_kernel_alone(rng, monkeypatch, graphs):
+  """The `graphs` hint: on, a captured step's kernels replay in graph batches; off, one by one (JIT=2), counted the same."""
+  from quant.matvec_opts import kernel_settings
+  monkeypatch.setattr(Device[Device.DEFAULT], "graph", SequentialGraph)
+  x = Tensor(rng.standard_normal((16, 32)).astype(np.float32)).realize()
+  with kernel_settings(0, graphs=graphs): jit, launched, out = replayed(toy, x)
+  assert count_kernels(jit) == TOY_KERNELS and launched == (1 if graphs else TOY_KERNELS)   # a graph batch is one launch
+  assert all((k.batch is not None) == graphs for k in jit_kernels(jit))
+  np.testing.assert_allclose(out, toy_reference(x.numpy()), rtol=1e-5)
+
 HCQ_PROBE = """
 import sys; sys.path.insert(0, {root!r})
 import numpy as np
