@@ -197,8 +197,13 @@ def report(title: str, rows: list[KernelRow], timing_note: str, show_all: bool =
   return "\n".join(lines)
 
 def _ranges(blocks: list[str]) -> str:
-  ids = [int(b.split(".")[1]) for b in blocks]
-  return f"blk.{ids[0]}" if len(ids) == 1 else f"{len(ids)} blocks (blk.{', '.join(map(str, ids))})"
+  """'blk.3', or '46 blocks (blk.1-46)': the ids in order, three or more in a row as first-last."""
+  ids, runs = [int(b.split(".")[1]) for b in blocks], []
+  for i in ids:
+    if runs and i == runs[-1][1] + 1: runs[-1][1] = i
+    else: runs.append([i, i])
+  spans = [f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1))) for a, b in runs]
+  return f"blk.{ids[0]}" if len(ids) == 1 else f"{len(ids)} blocks (blk.{', '.join(spans)})"
 
 def _kernel_table(rows: list[KernelRow], with_block: bool) -> list[str]:
   width = max(len(r.name) for r in rows)

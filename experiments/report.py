@@ -54,7 +54,7 @@ def judge(rule: Verdict, base: dict | None, variant: dict | None) -> str:
 def compared(rule: Verdict, base: dict | None, variant: dict | None) -> tuple[float | None, float | None]:
   """What the rule compares the variant's metric with, and its sd: the baseline's metric, or the rule's `against`."""
   if isinstance(rule.against, str): return value(variant or {}, rule.against)
-  return (None if variant is None else float(rule.against), None) if rule.against is not None else value(base or {}, rule.metric)
+  return (None if variant is None else rule.against, None) if rule.against is not None else value(base or {}, rule.metric)
 
 def fmt(x: float, sd: float | None = None) -> str:
   """A figure to three significant digits or more (thousands apart by commas), its sd beside it at the same decimals."""
@@ -109,7 +109,7 @@ def rule_text(exp: Experiment) -> str:
   v = exp.verdict
   if v is None: return "Its definition states no verdict rule."
   than = (f"the baseline's (`{exp.baseline.name}`) at the same depth" if v.against is None else
-          f"its own `{v.against}`" if isinstance(v.against, str) else f"{v.against:g}, the seed's figure")
+          f"its own `{v.against}`" if isinstance(v.against, str) else f"the seed's figure, {v.against:g},")
   bound = f"{100 * v.margin:g}% of it and twice their combined sd where measured"
   if v.expect is Expect.SAME:
     return f"Rule: `{v.variant}`'s `{v.metric}` the same as {than} within {bound}: reproduced; beyond that: contradicted."
@@ -155,7 +155,8 @@ def experiment_section(exp: Experiment, records: list[dict], all_devices: list[s
   lines = [f"### {exp.name}", "", exp.description, "", f"Seed's claim: {exp.reproduces or 'none stated'}", "", rule_text(exp), ""]
   rows, metric, variant = [], exp.verdict.metric if exp.verdict else "tok_s", exp.verdict.variant if exp.verdict else "variant"
   against = exp.verdict.against if exp.verdict else None
-  head = ["device", "model", "run", "depth", f"{exp.baseline.name} (baseline)" if against is None else str(against), variant, "change", "verdict"]
+  compared_with = f"{exp.baseline.name} (baseline)" if against is None else f"`{against}`" if isinstance(against, str) else "seed's figure"
+  head = ["device", "model", "run", "depth", compared_with, variant, "change", "verdict"]
   for device in all_devices:
     mine = [(model, run) for (d, model), run in sorted(runs.items()) if d == device]
     if not mine: rows.append([short_device(device), "-", "-", "-", "-", "-", "-", NOT_RUN])

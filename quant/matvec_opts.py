@@ -400,9 +400,10 @@ def gpu_sums_in_short_reduces(k: Scheduler) -> Scheduler | None:
   None for other kernels."""
   if k.reduceop is None: return None
   def size(r) -> int | None: return n if r in k.rngs and isinstance(n := k.full_shape[k.rngs.index(r)], int) else None
-  short = [r for red in k.reduceops for r in red.src[1:] if (n := size(r)) is not None and n <= MAX_SHORT_OUTPUTS]
-  sums = [max(static, key=size) for red in k.reduceops if red.arg[0] is Ops.ADD
-          if (static := [r for r in red.src[1:] if (size(r) or 0) > MAX_SHORT_OUTPUTS])]
+  # a range two reduces share (the routing's first-k weights summed beside the values) is unrolled once
+  short = list(dict.fromkeys(r for red in k.reduceops for r in red.src[1:] if (n := size(r)) is not None and n <= MAX_SHORT_OUTPUTS))
+  sums = list(dict.fromkeys(max(static, key=size) for red in k.reduceops if red.arg[0] is Ops.ADD
+                            if (static := [r for r in red.src[1:] if (size(r) or 0) > MAX_SHORT_OUTPUTS])))
   if not sums or not all(r in short for r in _outermost(k).src[1:]): return None
   tuned = k.copy()
   for r in short: tuned.apply_opt(Opt(OptOps.UNROLL, tuned.unrollable_dims.index(tuned.rngs.index(r)), 0))

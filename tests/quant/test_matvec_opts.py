@@ -324,6 +324,18 @@ def test_gpu_matvec_of_a_prompt_chunks_combine_with_routing_skipped(row_upcast, 
   y = Tensor(rng.standard_normal((groups.row.shape[0], 128), dtype=np.float32)).realize()
   assert cuda_launch(groups.combine(y, weights.realize())) == ((2, 12, 1), (2, 32, 1))
 
+def test_gpu_prompt_chunk_moe_with_routing_skipped_compiles():
+  """GLM's MoE over a prompt chunk with the routing's choice skipped (first k experts): a kernel's two reduces share a
+  short range, which the rule for sums in short reduces unrolled twice (ValueError: not in list, moe-isolation's first k
+  experts on the H200)."""
+  from models.catalog import resolve_model
+  from models.runtime import Runtime
+  from profiles.hints import resolve
+  hints = resolve({"skip": "topk", "prefill": "half", "prefill_chunk": 64, "expert_tile": 32})
+  rt = Runtime(resolve_model("glm-4.7-flash-tiny"), hints, max_context=64)
+  with kernel_settings(8): kernels = cuda_kernels(rt.model.blocks[-1].ffn(Tensor.empty(1, 64, rt.cfg.dim).realize()))
+  assert sum("mma.sync" in src for src in kernels) >= 2
+
 def test_gpu_matvec_of_pairs_splits_a_split_axis(row_upcast, rng: np.random.Generator):
   """Llama-3.2-1B's gate and up pairs at the H100 profile's 32,2,2,2: the span splits the blocks' axis before GROUP,
   and the sum over its other part is no reduce around the GROUP (a check that took it for one fell back to tinygrad's
