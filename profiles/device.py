@@ -5,6 +5,8 @@ GPU matvec sizes found fastest per kernel shape (`tinyzoo matvec --shape ... --g
 GB/s each reached:
 
   device: 'CUDA: NVIDIA H100 80GB HBM3'
+  machine: {compute_capability: '9.0'}   # what the tune ran on that decides hints (profiles/machine.py): a machine
+                                          # that differs in any of them is not given this profile's hints
   hints:
     strategy: packed_words
     norm: break
@@ -32,6 +34,7 @@ from tinygrad import Device
 from tinygrad.helpers import DEV, NUM_CPU_THREADS
 from ops.cache import cache_dir, write_whole
 from profiles.hints import HINTS, Hints, check, from_env, from_manifest, resolve
+from profiles.machine import PROFILE_KEYS as MACHINE_KEYS, Machine, Shapes, this_machine
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import Sizes, parse_gpu_sizes
 
@@ -95,9 +98,10 @@ def profile_path(device: str, folder: Path | None = None) -> Path:
 def _fail(path: Path, node: yaml.Node | None, msg: str) -> ProfileError:
   return ProfileError(f"{path}:{node.start_mark.line + 1 if node is not None else 1}: {msg}")
 
-def _empty() -> dict: return {"device": None, "based_on": None, "hints": {}, "architectures": {}, "tuned": None, "matvec_sizes": {}}
+def _empty() -> dict:
+  return {"device": None, "machine": {}, "based_on": None, "hints": {}, "architectures": {}, "tuned": None, "matvec_sizes": {}}
 
-KEYS = "device, based_on, hints, architectures, tuned, matvec_sizes"
+KEYS = "device, machine, based_on, hints, architectures, tuned, matvec_sizes"
 
 def _hints(path: Path, node: yaml.Node) -> dict:
   if not isinstance(node, yaml.MappingNode): raise _fail(path, node, "hints maps hint names to values (e.g. norm: break)")
@@ -109,7 +113,7 @@ def _hints(path: Path, node: yaml.Node) -> dict:
   return out
 
 def load(path: Path) -> dict:
-  """A profile's own contents, validated: {'device': str, 'based_on': str | None, 'hints': {name: value},
+  """A profile's own contents, validated: {'device': str, 'machine': {feature: value}, 'based_on': str | None, 'hints': {name: value},
   'architectures': {arch: {name: value}}, 'matvec_sizes': {shape: {'sizes': (T, B, R[, S]), 'gb_s': float}}}."""
   try: root = yaml.compose(path.read_text())
   except yaml.YAMLError as e:
@@ -121,6 +125,10 @@ def load(path: Path) -> dict:
     raise _fail(path, root, f"a profile is a mapping of keys ({KEYS})")
   for key, value in root.value:
     if key.value == "device": out["device"] = value.value
+    elif key.value == "machine":
+      if not isinstance(value, yaml.MappingNode) or any(k.value not in MACHINE_KEYS or not isinstance(v, yaml.ScalarNode) for k, v in value.value):
+        raise _fail(path, value, f"machine maps what the tune ran on to its value: {', '.join(MACHINE_KEYS)}")
+      out["machine"] = {k.value: v.value for k, v in value.value}
     elif key.value == "based_on":
       if not isinstance(value, yaml.ScalarNode) or not (path.parent / f"{value.value}.yaml").is_file():
         raise _fail(path, value, f"based_on names another profile in {path.parent} by its file name without .yaml")
@@ -148,16 +156,21 @@ def save_matvec_sizes(path: Path, device: str, best: dict[str, tuple[Sizes, floa
   old["matvec_sizes"].update({shape: {"sizes": sizes, "gb_s": gb_s} for shape, (sizes, gb_s) in best.items()})
   _save(path, {**old, "device": device})
 
-def save_hints(path: Path, device: str, hints: dict, tuned: dict) -> None:
+def machine_key(machine: Machine) -> dict[str, str]:
+  """What of `machine` a profile tuned on it is keyed by: the features it has of MACHINE_KEYS."""
+  return {k: str(v) for k in MACHINE_KEYS if (v := getattr(machine, k)) is not None}
+
+def save_hints(path: Path, device: str, hints: dict, tuned: dict, machine: Machine | None = None) -> None:
   """Replaces the hints of the profile at `path` (its matvec sizes and per-architecture hints kept) with those of `hints`
-  a profile may set (run-only ones are left out), and `tuned` (the model, tok/s and time they reached), written atomically."""
+  a profile may set (run-only ones are left out), and `tuned` (the model, tok/s and time they reached), keyed by the
+  machine they were tuned on (default this one), written atomically."""
   old = load(path) if path.exists() else _empty()
   kept = {n: check(n, v, "profile") for n, v in hints.items() if not HINTS[n].run_only}
-  _save(path, {**old, "device": device, "hints": kept, "tuned": tuned})
+  _save(path, {**old, "device": device, "machine": machine_key(machine or this_machine()), "hints": kept, "tuned": tuned})
 
 def _save(path: Path, profile: dict) -> None:
   sizes = {s: {"sizes": ",".join(map(str, e["sizes"])), "gb_s": round(e["gb_s"], 1)} for s, e in sorted(profile["matvec_sizes"].items())}
-  doc = {"device": profile["device"], **{k: profile[k] for k in ("based_on", "hints", "architectures", "tuned") if profile.get(k)},
+  doc = {"device": profile["device"], **{k: profile[k] for k in ("machine", "based_on", "hints", "architectures", "tuned") if profile.get(k)},
          "matvec_sizes": sizes}
   write_whole(path, "# this device's kernel hints (profiles/hints.py: by `tinyzoo tune`, or each from a measured run in the journal), and,\n"
                  "# by `tinyzoo matvec --save-best`, GPU matvec sizes (threads per row, rows per workgroup, rows per thread[, words of\n"
@@ -171,23 +184,39 @@ def _merged(path: Path, seen: tuple[Path, ...] = ()) -> dict:
   if own["based_on"] is None: return own
   base = _merged(path.parent / f"{own['based_on']}.yaml", (*seen, path))
   archs = {a: {**base["architectures"].get(a, {}), **own["architectures"].get(a, {})} for a in {**base["architectures"], **own["architectures"]}}
-  return {**own, "hints": {**base["hints"], **own["hints"]}, "architectures": archs, "matvec_sizes": {**base["matvec_sizes"], **own["matvec_sizes"]}}
+  return {**own, "machine": {**base["machine"], **own["machine"]}, "hints": {**base["hints"], **own["hints"]}, "architectures": archs,
+          "matvec_sizes": {**base["matvec_sizes"], **own["matvec_sizes"]}}
 
-def device_profile(device: str | None = None, folder: Path | None = None) -> tuple[dict, Path | None]:
-  """The profile of this device (in `folder`, default profiles/), over the one it is based on, and its path; an empty one
-  and None without one."""
+def device_profile(device: str | None = None, folder: Path | None = None, machine: Machine | None = None) -> tuple[dict, Path | None]:
+  """The profile of this device (or the one named `device`; in `folder`, default profiles/), over the one it is based on,
+  and its path; an empty one and None without one, or where it was tuned on a machine that differs from `machine`
+  (default: this one, for this device's profile) in what it is keyed by (`not_applied`)."""
   path = profile_path(device or device_name(), folder)
-  return (_merged(path), path) if path.exists() else (_empty(), None)
+  if not path.exists() or not_applied(device, folder, machine) is not None: return _empty(), None
+  return _merged(path), path
+
+def not_applied(device: str | None = None, folder: Path | None = None, machine: Machine | None = None) -> str | None:
+  """Why the profile of this device (or of `device`) is not applied on `machine` (default: this one, for this device's
+  profile; a named device's is checked only against a machine given): the first feature its `machine:` names that the
+  machine has otherwise; None where it applies or there is none."""
+  if not (path := profile_path(device or device_name(), folder)).exists(): return None
+  if (machine := machine or (this_machine() if device is None else None)) is None: return None
+  for key, tuned in _merged(path)["machine"].items():
+    if str(have := getattr(machine, key)) != tuned:
+      return f"{path.name} was tuned where {key} is {tuned}, this machine's is {have if have is not None else 'none'}"
+  return None
 
 def tuned_sizes(profile: dict) -> dict[str, Sizes]:
   """The GPU matvec sizes a profile tuned per kernel shape."""
   return {shape: e["sizes"] for shape, e in profile["matvec_sizes"].items()}
 
-def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None) -> Hints:
-  """The hints for `model` on this device: `runtime` (flags) over TINYZOO_HINTS over the device profile (its hints for the
-  model's architecture over its others, and its GPU matvec sizes; unless `profile` is off) over the file's manifest over
-  the defaults."""
-  g = GGUFFile(model)
-  found, path = device_profile(folder=folder) if profile else (_empty(), None)
+def resolve_hints(model: str | os.PathLike, runtime: dict, profile: bool = True, folder: Path | None = None,
+                  machine: Machine | None = None) -> Hints:
+  """The hints for `model` on this machine (or `machine`): `runtime` (flags) over TINYZOO_HINTS over the device profile
+  (its hints for the model's architecture over its others, and its GPU matvec sizes; unless `profile` is off, or it was
+  tuned on another kind of machine) over the file's manifest over the hints' rules for the machine and the model's
+  shapes over the defaults."""
+  g, machine = GGUFFile(model), machine or this_machine()
+  found, path = device_profile(folder=folder, machine=machine) if profile else (_empty(), None)
   hints = {**found["hints"], **found["architectures"].get(g.architecture, {})}
-  return resolve({**from_env(), **runtime}, hints, from_manifest(g), tuned_sizes(found), path)
+  return resolve({**from_env(), **runtime}, hints, from_manifest(g), tuned_sizes(found), path, machine, Shapes.of(g))

@@ -3,6 +3,7 @@
   runtime   command-line flags, or the environment's TINYZOO_HINTS="name=value;..." (the flags win), or an experiment's switches
   profile   this device's profile, profiles/<device>.yaml, under `hints:` (and `architectures:`)
   manifest  the model file's metadata, `tinyzoo.hints.<name>` (written by `tinyzoo convert --hints`)
+  heuristic the hint's rule, from what the machine offers and the model's shapes (profiles/machine.py), with its reason
   default   built in
 
 `resolve` gives every hint its value and the source it came from, as one frozen `Hints` that is passed whole from the
@@ -11,22 +12,24 @@ HINTS plus the code that reads it: the flags, `tinyzoo hints`, experiment switch
 Hints marked `run_only` (rounding, skip: they change results or the model, not only speed) are set at run time only.
 """
 import argparse
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
-from ops.attention import LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
+from ops.attention import CHUNK, LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
 from ops.topk import TOPK_ALGORITHMS
+from profiles.machine import Machine, Shapes
 from quant.activations import ROUNDINGS
 from quant.gguf_file import GGUFFile
 from quant.linear import PREFILL_MATMULS, STRATEGIES, StrategyPlan
 from quant.matvec_opts import DEFAULT_ROW_UPCAST
 
-SOURCES = ("runtime", "profile", "manifest", "default")
+SOURCES = ("runtime", "profile", "manifest", "heuristic", "default")
 ENV = "TINYZOO_HINTS"
 MANIFEST_PREFIX = "tinyzoo.hints."
 # component isolation: blocks leave attention or the FFN out of the residual stream, MoE blocks their shared experts or the
@@ -67,6 +70,30 @@ def _components(v: Any) -> tuple[str, ...]:
   if (bad := [p for p in parts if p not in SKIPPABLE]): raise ValueError(f"cannot skip {bad[0]!r} (choose from {', '.join(SKIPPABLE)})")
   return tuple(dict.fromkeys(parts))
 
+# a hint's built-in rule: its value for a machine and a model's shapes (None where resolved without a model), with the
+# reason, or None where the default stands
+Rule = Callable[[Machine, Shapes | None], tuple[Any, str] | None]
+
+def _int8_where_cpu_dots(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
+  """int8_dot on a CPU with int8 dot products: activations quantized to 8 bits once, sums in integers (llama.cpp's CPU
+  path), where float dot products over the unpacked weights take about twice the time."""
+  if m.on_cpu and m.cpu_simd: return "int8_dot", f"the CPU has {m.cpu_simd} int8 dot products (quant/int8_cpu.py)"
+  return None
+
+# the cache elements a split-KV part holds, about: the parts tuned on the H100 (4 chunks for llama's and gpt-oss's 1,024
+# elements a position, 8 for gemma3's 512 and deepseek2's 576) are 2^18 within 40%
+SPLIT_PART_ELEMENTS = 1 << 18
+
+def _split_on_gpus(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:
+  """On a GPU, a decode step's value sums split into parts of about SPLIT_PART_ELEMENTS cache elements (the power of two
+  of chunks nearest that): unsplit, their workgroups are one a head, far fewer than the multiprocessors, and a long
+  context is summed by a few of them."""
+  if m.on_cpu or shapes is None or (m.multiprocessors is not None and shapes.n_heads >= m.multiprocessors): return None
+  chunks = max(1, 2 ** round(math.log2(max(1.0, SPLIT_PART_ELEMENTS / (CHUNK * shapes.kv_width)))))
+  sms = f"{m.multiprocessors} multiprocessors" if m.multiprocessors else "its multiprocessors"
+  return chunks, (f"{shapes.n_heads} heads of {shapes.kv_width} cache elements a position: parts of {chunks} chunks of {CHUNK} "
+                  f"positions (about {SPLIT_PART_ELEMENTS:,} elements) spread a long context over the GPU's {sms}")
+
 @dataclass(frozen=True)
 class Hint:
   default: Any                    # the built-in value, or a function of nothing giving it when hints are resolved
@@ -75,6 +102,7 @@ class Hint:
   choices: tuple[str, ...] = ()   # the values a flag takes, where they are a few names
   metavar: str | None = None
   run_only: bool = False          # set at run time only (flags, TINYZOO_HINTS, experiment switches), never by a profile or manifest
+  rule: Rule | None = None        # where it gives a value, that value wins over the default (source `heuristic`)
 
   def default_value(self) -> Any: return self.default() if callable(self.default) else self.default
 
@@ -84,7 +112,8 @@ def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = 
 HINTS: dict[str, Hint] = {
   "strategy": Hint("packed_dot", _strategy, f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed "
                    "by per-type, FFN and MoE-expert overrides, e.g. 'packed_dot,Q6_K=split', 'fused,ffn=split' or "
-                   "'packed_words,experts=int8_dot' (quant/linear.py)", metavar="SPEC"),
+                   "'packed_words,experts=int8_dot' (quant/linear.py); by rule int8_dot on a CPU with int8 dot products", metavar="SPEC",
+                   rule=_int8_where_cpu_dots),
   "rounding": _choice("exact", ROUNDINGS, "exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path "
                       "does: 8-bit activations into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels; matches "
                       "llama.cpp's near-ties)", run_only=True),
@@ -116,7 +145,8 @@ HINTS: dict[str, Hint] = {
   "split_kv": Hint(0, _count, "a decode step's attention value sums split into parts of N chunks of 64 positions "
                    "(flash-decoding; layers without a window): a kernel whose workgroups cover every head and part, then one adding "
                    "the parts up (one kernel more a block, two under softmax max; spreads a long context over the whole GPU; the "
-                   "cache is allocated and read in whole parts; 0: one sum)", metavar="N"),
+                   "cache is allocated and read in whole parts; 0: one sum; by rule on a GPU, parts of about "
+                   f"{SPLIT_PART_ELEMENTS:,} cache elements)", metavar="N", rule=_split_on_gpus),
   "kv_cache": _choice("float", ("float", "half"), "the KV cache's type: float32, or fp16 (half the bytes attention reads, as "
                       "llama.cpp's default cache; q is rounded to half against it); ggml rounding makes it fp16 whatever this says"),
   "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "
@@ -179,29 +209,36 @@ class Hints:
   sources: Mapping[str, str]
   matvec_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
   profile: Path | None = None
+  reasons: Mapping[str, str] = field(default_factory=dict)   # why a rule chose a hint's value (source heuristic)
 
   def __getattr__(self, name: str) -> Any:
     if name in (values := self.__dict__.get("values", {})): return values[name]
     raise AttributeError(f"no hint {name!r}")
 
   def as_dict(self) -> dict[str, dict[str, Any]]:
-    """{name: {"value": ..., "source": ...}}, as `tinyzoo hints --json` prints it and journal records store it."""
-    return {n: {"value": list(v) if isinstance(v := self.values[n], tuple) else v, "source": self.sources[n]} for n in HINTS}
+    """{name: {"value": ..., "source": ...[, "reason": ...]}}, as `tinyzoo hints --json` prints it and journal records store it."""
+    return {n: {"value": list(v) if isinstance(v := self.values[n], tuple) else v, "source": self.sources[n],
+                **({"reason": self.reasons[n]} if n in self.reasons else {})} for n in HINTS}
 
   def with_runtime(self, **values: Any) -> "Hints":
     """These hints with `values` set at run time (an experiment's switches, a tuning trial), each checked."""
     return Hints({**self.values, **{n: check(n, v) for n, v in values.items()}}, {**self.sources, **{n: "runtime" for n in values}},
-                 self.matvec_sizes, self.profile)
+                 self.matvec_sizes, self.profile, {n: r for n, r in self.reasons.items() if n not in values})
 
 def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None,
-            matvec_sizes: Mapping[str, tuple[int, ...]] | None = None, profile_path: Path | None = None) -> Hints:
-  """Each hint from the first source that sets it: runtime, profile, manifest, else its default (every value checked)."""
-  values, sources = {}, {}
+            matvec_sizes: Mapping[str, tuple[int, ...]] | None = None, profile_path: Path | None = None,
+            machine: Machine | None = None, shapes: Shapes | None = None) -> Hints:
+  """Each hint from the first source that sets it: runtime, profile, manifest, then, given the machine (and the model's
+  shapes), its rule where it gives a value, else its default (every value checked)."""
+  values, sources, reasons = {}, {}, {}
   for name, hint in HINTS.items():
     source, value = next(((s, layer[name]) for s, layer in zip(SOURCES, (runtime, profile, manifest)) if layer and name in layer),
-                         ("default", hint.default_value()))
-    values[name], sources[name] = check(name, value, source if source != "default" else "runtime"), source
-  return Hints(values, sources, dict(matvec_sizes or {}), profile_path)
+                         ("default", None))
+    if source == "default" and machine is not None and hint.rule is not None and (ruled := hint.rule(machine, shapes)) is not None:
+      (value, reasons[name]), source = ruled, "heuristic"
+    if source == "default": value = hint.default_value()
+    values[name], sources[name] = check(name, value, source if source not in ("default", "heuristic") else "runtime"), source
+  return Hints(values, sources, dict(matvec_sizes or {}), profile_path, reasons)
 
 def parse(spec: str, where: str) -> dict[str, Any]:
   """Hints written "name=value;..." (items apart by ';': a strategy spec has commas), checked; `where` names them in errors."""

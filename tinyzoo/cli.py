@@ -114,15 +114,18 @@ def cmd_perplexity(args) -> None:
 
 def cmd_hints(args) -> None:
   import json
-  from profiles.device import resolve_hints
+  from profiles.device import not_applied, resolve_hints
   from profiles.hints import ENV, HINTS
+  from profiles.machine import this_machine
   hints = resolve_hints(path := resolve_model(args.model), {}, profile=True)
   if args.json: return print(json.dumps({"hints": hints.as_dict()}))
-  print(f"kernel hints for {path.name}: runtime ({ENV}) > profile ({hints.profile or 'none for this device'}) > manifest "
-        f"(the file's tinyzoo.hints.*) > default")
+  print(f"kernel hints for {path.name} on {this_machine().describe()}: runtime ({ENV}) > profile "
+        f"({hints.profile or 'none for this device'}) > manifest (the file's tinyzoo.hints.*) > heuristic (the hint's rule) > default")
+  if (why := not_applied()) is not None: print(f"  the device's profile is not applied: {why} (`tinyzoo tune` tunes one here)")
   for name, hint in HINTS.items():
     value = hints.as_dict()[name]["value"]
-    print(f"  {name:<15} {','.join(value) if isinstance(value, list) else str(value):<22} {hints.sources[name]:<9} {hint.help}")
+    why = f"{hints.reasons[name]}. " if name in hints.reasons else ""
+    print(f"  {name:<15} {','.join(value) if isinstance(value, list) else str(value):<22} {hints.sources[name]:<9} {why}{hint.help}")
 
 def cmd_bench(args) -> None:
   from experiments import journal

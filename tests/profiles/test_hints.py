@@ -93,7 +93,10 @@ def test_an_architectures_hints_over_the_devices(tmp_path: Path):
   assert resolve_hints(model, {}, folder=tmp_path).norm == "fold"
 
 def test_hints_command(tmp_path: Path, monkeypatch, capsys):
+  from profiles.machine import Machine
   monkeypatch.setattr("profiles.device.PROFILES", tmp_path)   # no profile for this device, whatever runs the test
+  for where in ("profiles.device.this_machine", "profiles.machine.this_machine"):   # a CPU without int8 dot products
+    monkeypatch.setattr(where, lambda device=None: Machine("CPU"))
   model = model_with_manifest(tmp_path / "m.gguf", act_break=False)
   monkeypatch.setenv("TINYZOO_HINTS", "norm=fold")
   assert main(["hints", str(model), "--json"]) == 0
@@ -101,7 +104,11 @@ def test_hints_command(tmp_path: Path, monkeypatch, capsys):
   assert got["act_break"] == {"value": False, "source": "manifest"} and got["norm"] == {"value": "fold", "source": "runtime"}
   assert got["strategy"] == {"value": "packed_dot", "source": "default"}
   assert main(["hints", str(model)]) == 0
-  assert "act_break       False                  manifest" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "act_break       False                  manifest" in out and "on CPU, int8 dot products: none:" in out
+  monkeypatch.setattr("profiles.device.this_machine", lambda device=None: Machine("CPU", cpu_simd="avx2"))
+  assert main(["hints", str(model)]) == 0
+  assert "strategy        int8_dot               heuristic the CPU has avx2 int8 dot products (quant/int8_cpu.py). " in capsys.readouterr().out
   monkeypatch.setenv("TINYZOO_HINTS", "act_break=perhaps")
   assert main(["hints", str(model)]) == 1
   assert capsys.readouterr().err.strip() == "tinyzoo: error: TINYZOO_HINTS: hint act_break: 'perhaps' is not true or false"

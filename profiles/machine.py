@@ -1,0 +1,73 @@
+"""What the machine offers that decides a hint, and what a model's shapes are: the inputs of the hints' built-in rules
+(profiles/hints.py, each hint's `rule`) and the key a device profile is tuned for (profiles/device.py, `machine:`).
+
+A CPU is described by the int8 dot-product instructions its kernels can use (quant/int8_cpu.py's paths: avx512_vnni,
+avx_vnni, avx2, or none), a CUDA GPU by its compute capability and its multiprocessor count."""
+import ctypes
+import functools
+from dataclasses import dataclass
+from tinygrad import Device
+from quant.gguf_file import GGUFError, GGUFFile
+
+@dataclass(frozen=True)
+class Machine:
+  backend: str                          # tinygrad's device name: CPU, CUDA, ...
+  cpu_simd: str | None = None           # the CPU's int8 dot-product path (quant/int8_cpu.simd_path), None without AVX2
+  compute_capability: str | None = None # a CUDA GPU's, e.g. '9.0'
+  multiprocessors: int | None = None    # a GPU's streaming multiprocessors
+
+  @property
+  def on_cpu(self) -> bool: return self.backend.split(":")[0] == "CPU"
+
+  def describe(self) -> str:
+    if self.on_cpu: return f"CPU, int8 dot products: {self.cpu_simd or 'none'}"
+    return f"{self.backend}, compute capability {self.compute_capability or '?'}, {self.multiprocessors or '?'} multiprocessors"
+
+# the features a profile's `machine:` may name, each a Machine field
+PROFILE_KEYS = ("cpu_simd", "compute_capability")
+
+def _cuda(device: str) -> tuple[str | None, int | None]:
+  """The compute capability and the multiprocessor count of tinygrad's CUDA device, from its driver."""
+  dev = Device[device]
+  arch = str(getattr(dev, "arch", ""))
+  cc = f"{arch[3:-1]}.{arch[-1]}" if arch.startswith("sm_") and len(arch) > 4 else None
+  try:
+    from tinygrad.runtime.autogen import cuda
+    count = ctypes.c_int()
+    attr = cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    sms = count.value if cuda.cuDeviceGetAttribute(ctypes.byref(count), attr, dev.cu_device) == 0 else None
+  except (AttributeError, ImportError, OSError): sms = None
+  return cc, sms
+
+@functools.cache
+def this_machine(device: str | None = None) -> Machine:
+  """The machine tinygrad's default device (or `device`) runs on."""
+  device = device or Device.DEFAULT
+  backend = device.split(":")[0]
+  if backend == "CPU":
+    from quant.int8_cpu import simd_path
+    return Machine(backend, cpu_simd=simd_path())
+  if backend in ("CUDA", "NV"):
+    cc, sms = _cuda(device)
+    return Machine(backend, compute_capability=cc, multiprocessors=sms)
+  return Machine(backend)
+
+@dataclass(frozen=True)
+class Shapes:
+  """A model's shapes that the rules read, from its file's metadata."""
+  architecture: str
+  n_heads: int
+  n_kv_heads: int
+  kv_width: int          # the elements of keys and values one position holds in the cache, every kv head's
+  context_length: int
+
+  @staticmethod
+  def of(g: GGUFFile) -> "Shapes | None":
+    """The file's shapes, None where its metadata does not give them. A latent attention's cache (DeepSeek-style MLA)
+    holds one latent row and its rotated part a position; any other's every kv head's key and value."""
+    from models.config import ModelConfig
+    try: cfg = ModelConfig.from_gguf(g)
+    except GGUFError: return None
+    latent = g.get(f"{g.architecture}.attention.kv_lora_rank")
+    width = latent + cfg.rope_dims if isinstance(latent, int) else cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
+    return Shapes(g.architecture, cfg.n_heads, cfg.n_kv_heads, width, cfg.context_length)

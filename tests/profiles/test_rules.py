@@ -1,0 +1,77 @@
+"""The hints' built-in rules: values from what the machine offers and the model's shapes, named `heuristic` with their
+reason; the same for a new architecture as for an old one of the same shapes; the tuned entries of the shipped GPU
+profile met by the rule where the profile is left out; a profile tuned on another kind of machine not applied."""
+from pathlib import Path
+import pytest
+from models.catalog import synthesized
+from models.synth import PRESETS
+from profiles import device
+from profiles.device import device_profile, load, not_applied, resolve_hints
+from profiles.hints import SPLIT_PART_ELEMENTS, resolve
+from profiles.machine import Machine, Shapes
+from quant.gguf_file import GGUFFile
+
+H200 = Machine("CUDA", compute_capability="9.0", multiprocessors=132)
+VNNI, AVX2 = Machine("CPU", cpu_simd="avx512_vnni"), Machine("CPU", cpu_simd="avx2")
+
+def preset_shapes(name: str) -> Shapes:
+  """A real model's shapes from its synthetic preset's definition (models/synth.py), no file written."""
+  p = PRESETS[name]
+  width = p.mla.kv_lora_rank + p.mla.rope_dim if p.mla else p.n_kv_heads * 2 * p.head_dim
+  return Shapes(p.arch, p.n_heads, p.n_kv_heads, width, p.context_length)
+
+def test_a_rules_value_is_named_heuristic_with_its_reason():
+  h = resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b"))
+  assert (h.split_kv, h.sources["split_kv"]) == (2, "heuristic")
+  assert "2048 cache elements a position" in h.reasons["split_kv"] and "132 multiprocessors" in h.as_dict()["split_kv"]["reason"]
+  assert resolve(machine=VNNI).as_dict()["strategy"] == {"value": "int8_dot", "source": "heuristic",
+                                                         "reason": "the CPU has avx512_vnni int8 dot products (quant/int8_cpu.py)"}
+  # a source above the rule wins, and a runtime value drops its reason
+  assert resolve({"split_kv": 0}, machine=H200, shapes=preset_shapes("qwen3-0.6b")).sources["split_kv"] == "runtime"
+  assert "split_kv" not in resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b")).with_runtime(split_kv=1).reasons
+  # where no rule applies: the default (no machine given; the CPU splits no cache; a CPU without AVX2 keeps packed_dot)
+  assert resolve().sources["strategy"] == "default" and resolve(machine=VNNI, shapes=preset_shapes("qwen3-0.6b")).split_kv == 0
+  assert resolve(machine=Machine("CPU")).strategy == "packed_dot"
+
+def test_a_new_architecture_takes_the_value_of_an_old_one_of_the_same_shapes():
+  """qwen3 has no entry in any profile: its split comes from its shapes alone, as llama's would at the same shapes; both
+  tiny presets are split on a GPU, from their files' metadata, and neither on the CPU."""
+  qwen3 = preset_shapes("qwen3-0.6b")
+  llama_like = Shapes("llama", qwen3.n_heads, qwen3.n_kv_heads, qwen3.kv_width, 131072)
+  assert resolve(machine=H200, shapes=qwen3).split_kv == resolve(machine=H200, shapes=llama_like).split_kv
+  for name in ("qwen3-0.6b-tiny", "llama3.2-1b-tiny"):
+    path = synthesized(name)
+    gpu, cpu = (resolve_hints(path, {}, profile=False, machine=m) for m in (H200, VNNI))
+    width = Shapes.of(GGUFFile(path)).kv_width
+    assert gpu.sources["split_kv"] == "heuristic" and gpu.split_kv * 64 * width == pytest.approx(SPLIT_PART_ELEMENTS, rel=0.5), name
+    assert (cpu.split_kv, cpu.sources["split_kv"]) == (0, "default")
+
+@pytest.mark.parametrize("name, arch", [("llama3.2-1b", "llama"), ("gemma3-270m", "gemma3"), ("deepseek-v2-lite", "deepseek2"),
+                                        ("gpt-oss-20b", "gpt-oss")])
+def test_the_rule_meets_the_tuned_split_of_each_architecture(name: str, arch: str):
+  """Where the H100 profile (and the H200's, based on it) is left out, each architecture it tuned keeps its split: the
+  value does not change silently, only its source, to `heuristic`."""
+  tuned = load(Path(device.PROFILES) / "cuda-nvidia-h100-80gb-hbm3.yaml")["architectures"][arch]["split_kv"]
+  h = resolve(machine=H200, shapes=preset_shapes(name))
+  assert (h.split_kv, h.sources["split_kv"]) == (tuned, "heuristic")
+
+def test_a_profile_of_another_cpu_kind_is_not_applied(tmp_path: Path):
+  name = "CPU: Some CPU, 2 cores"
+  (tmp_path / "cpu-some-cpu.yaml").write_text("device: 'CPU: Some CPU, 2 cores'\nmachine: {cpu_simd: avx2}\nhints: {norm: single}\n")
+  assert device_profile(name, tmp_path, AVX2)[0]["hints"] == {"norm": "single"} and not_applied(name, tmp_path, AVX2) is None
+  assert device_profile(name, tmp_path, VNNI) == (device._empty(), None)
+  assert not_applied(name, tmp_path, VNNI) == "cpu-some-cpu.yaml was tuned where cpu_simd is avx2, this machine's is avx512_vnni"
+  # the shipped profile of the AMD EPYC tuned without AVX-512 is not an AVX-512 EPYC's; the H200's is the H100's chip's
+  assert device_profile("CPU: AMD EPYC, 2 cores", machine=VNNI)[1] is None
+  assert device_profile("CPU: AMD EPYC, 2 cores", machine=AVX2)[1] is not None
+  assert device_profile("CUDA: NVIDIA H200", machine=H200)[0]["machine"] == {"compute_capability": "9.0"}
+  assert device_profile("CUDA: NVIDIA H200", machine=Machine("CUDA", compute_capability="8.0"))[1] is None
+
+def test_a_bad_machine_key_is_named(tmp_path: Path):
+  (bad := tmp_path / "x.yaml").write_text("device: x\nmachine: {cores: 2}\n")
+  with pytest.raises(device.ProfileError, match=r"x.yaml:2: machine maps what the tune ran on to its value: cpu_simd, compute_capability"):
+    load(bad)
+
+def test_tune_keys_the_profile_it_writes_by_the_machine(tmp_path: Path):
+  device.save_hints(path := tmp_path / "p.yaml", "CPU: x", {"norm": "single"}, {"model": "m", "tok_s": 1.0}, AVX2)
+  assert load(path)["machine"] == {"cpu_simd": "avx2"}
