@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
-from tinygrad import Tensor, dtypes
+from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import UOp
+from ops.cuda import mma_refusal
 from ops.kernels import count_kernels
 from models.config import ModelConfig
 from models.jit_cache import JitStore, cache_key, capture_sources, state_of
@@ -70,6 +71,7 @@ class Runtime:
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
     self.chunk = min(h.prefill_chunk, self.max_context)
+    if h.gemm == "mma" and (why := mma_refusal(device or Device.DEFAULT)) is not None: raise ValueError(f"hint gemm: {why}")
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))
     except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:

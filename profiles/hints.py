@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
+from ops.cuda import GEMMS
 from ops.attention import CHUNK, LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
@@ -178,6 +179,10 @@ HINTS: dict[str, Hint] = {
                         "(as a decode step: queries through attn_k_b, the latent output through attn_v_b), expanded (each position "
                         "read expanded to every head's key and value, then plain attention) or auto (whichever costs fewer "
                         "multiplications for the chunk's rows: expanded for hundreds of rows)"),
+  "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
+                  "matmuls): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: shared-memory tiles copied by cp.async, "
+                  "read by ldmatrix into mma.sync; CUDA GPUs of compute capability 8.0 and later; a GEMM it does not take, "
+                  "tinygrad's)"),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

@@ -19,6 +19,7 @@ from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
+from ops.cuda import gemm_mma, gemm_mma_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
@@ -85,17 +86,20 @@ def gemm_dtype(prefill: str) -> DTypeLike:
   """The input dtype of a prompt chunk's GEMMs (matmuls, attention's value sums) under a PREFILL_MATMULS choice."""
   return dtypes.float16 if prefill == "half" else dtypes.float32
 
-def gemm(w: Tensor, x: Tensor, dtype: DTypeLike, upcast: bool = True) -> Tensor:
+def gemm(w: Tensor, x: Tensor, dtype: DTypeLike, upcast: bool = True, kernel: str = "tinygrad") -> Tensor:
   """x @ w.T for many rows of x (a prompt chunk): w [..., O, in] realized in `dtype` once, x [..., *w's leading dims, in]
   too, their products summed in float32 (without `upcast`, each sum rounded to `dtype`) -> [..., O]: on a GPU with half
-  inputs a tensor-core GEMM, each weight read once for all the rows rather than once for each. A GEMM for each of
+  inputs a tensor-core GEMM, each weight read once for all the rows rather than once for each; `kernel` mma takes one
+  matrix's GEMM of half inputs summed in float32 where it applies (ops/cuda: gemm_mma), tinygrad's kernel the rest. A GEMM for each of
   several matrices (w's leading dims: latent attention's heads) is realized in its own shape [*lead, rows, O]: its
   readers take its rows apart by x's leading dims (chunks and positions), which would split the GEMM's axes off the
   tensor cores."""
   lead = w.shape[:-2]
   rows = x.reshape(-1, *lead, x.shape[-1])
   rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]
-  y = rows.cast(dtype).contiguous().matmul(w.cast(dtype).contiguous().transpose(-1, -2), dtype=dtypes.float32 if upcast else None)
+  a, b = rows.cast(dtype).contiguous(), w.cast(dtype).contiguous()
+  if kernel == "mma" and not lead and upcast and gemm_mma_applies(a, b): return gemm_mma(a, b).reshape(*x.shape[:-1], w.shape[-2])
+  y = a.matmul(b.transpose(-1, -2), dtype=dtypes.float32 if upcast else None)
   if lead: y = y.contiguous()
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
 
@@ -122,11 +126,12 @@ class _PackedWeight:
   """`prefill` (PREFILL_MATMULS): how a matmul of several rows for each matrix (a prompt chunk) reads the weights; a GEMM
   of fp16 inputs sums their products in float32 unless not `upcast` (gemm)."""
   def __init__(self, weight: QTensor, bias: Tensor | None = None, strategy: str = "packed_dot", rounding: str = "exact",
-               prefill: str = "packed", upcast: bool = True):
+               prefill: str = "packed", upcast: bool = True, gemm_kernel: str = "tinygrad"):
     _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     if prefill not in PREFILL_MATMULS: raise ValueError(f"unknown prefill matmul {prefill!r} (choose from {', '.join(PREFILL_MATMULS)})")
     self.weight, self.bias, self.strategy, self.rounding, self.prefill, self.upcast = weight, bias, strategy, rounding, prefill, upcast
+    self.gemm_kernel = gemm_kernel
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
     # int8_dot's CPU kernel reads the GGUF blocks themselves
     self.int8_cpu = strategy == "int8_dot" and int8_cpu.applies(weight)
@@ -146,11 +151,12 @@ class _PackedWeight:
 
   def gemm_of(self, x: Tensor) -> Tensor:
     """x @ W.T as a prefill GEMM (gemm()) of the dequantized weights, x rounded as the activations are, whatever its rows."""
-    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype(), self.upcast)
+    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype(), self.upcast,
+                self.gemm_kernel)
 
   def transposed_gemm_of(self, x: Tensor) -> Tensor:
     """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""
-    return gemm(self._float_weights().transpose(-1, -2), x, self._gemm_dtype(), self.upcast)
+    return gemm(self._float_weights().transpose(-1, -2), x, self._gemm_dtype(), self.upcast, self.gemm_kernel)
 
   @property
   def device_tensors(self) -> list[Tensor]:
