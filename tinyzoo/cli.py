@@ -56,6 +56,12 @@ def cmd_matvec(args) -> None:
     save_matvec_sizes(path := profile_path(name := device_name()), name, best)
     print(f"saved {len(best)} kernel shapes to {path}")
 
+def cmd_gemm(args) -> None:
+  from experiments import gemm, journal
+  asked = [k.strip() for k in args.kernels.split(",") if k.strip()] if args.kernels else None
+  gemm.run(resolve_model(args.model), model_label(args.model), args.rows, asked, args.iters,
+           (lambda r: None) if args.no_journal else lambda r: journal.append(r, args.journal))
+
 def parse_shape(spec: str) -> tuple[int, int]:
   try: rows, cols = (int(v) for v in spec.lower().split("x"))
   except ValueError: raise ValueError(f"--shape takes ROWSxCOLS, e.g. 8192x2048, got {spec!r}") from None
@@ -326,6 +332,18 @@ def parser() -> argparse.ArgumentParser:
   from profiles.hints import HINTS
   s.add_argument("--row-upcast", type=int, default=HINTS["row_upcast"].default, metavar="N", help=HINTS["row_upcast"].help)
   s.set_defaults(fn=cmd_matvec)
+  s = sub.add_parser("gemm", help="JIT steady-state GEMM of each dense weight shape of a model over a prompt chunk, per GEMM kernel",
+                     description="For every type and shape of the model's dense matmul weights, times a prompt chunk's GEMM as prefill "
+                                 "runs it (the weight dequantized to fp16, then the GEMM summed in float32) under each GEMM kernel this "
+                                 "device runs (the gemm hint: tinygrad's, the hand-written mma on a CUDA GPU), beside cuBLAS through torch "
+                                 "where it sees a CUDA GPU; TFLOP/s with the dequantization counted in, and the largest error against "
+                                 "float64. One journal record a shape and kernel.")
+  s.add_argument("model", nargs="?", help=MODEL_HELP)
+  s.add_argument("--rows", type=int, default=512, help="the chunk's rows, the GEMM's M (default 512, a GPU's prefill chunk)")
+  s.add_argument("--kernels", metavar="K[,K...]", help="GEMM kernels to time (default: every one this device runs)")
+  s.add_argument("--iters", type=int, default=20, help="timed replays of each (default 20)")
+  add_journal_options(s, "the records")
+  s.set_defaults(fn=cmd_gemm)
 
   s = sub.add_parser("run", help="generate text from a prompt, streaming it, with a speed summary",
                      description="Prefills the prompt and decodes under TinyJit, streaming the text; the last line (stderr) gives the "

@@ -1,0 +1,115 @@
+"""`tinyzoo gemm MODEL`: every dense GEMM shape of a prompt chunk of the model (each matmul weight's type, rows and
+columns, once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it: the
+weight dequantized to fp16, then the GEMM of the chunk's rows summed in float32, so that TFLOP/s count the
+dequantization in. Beside them cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA
+GPU, in the same run; and each kernel's largest error against float64 numpy of the weights gguf.quants dequantizes."""
+import math
+import os
+import time
+from dataclasses import dataclass
+import numpy as np
+from gguf import quants as gguf_quants
+from tinygrad import Device, Tensor, dtypes
+from experiments import journal
+from experiments.steady import steady_state
+from ops.cuda import GEMMS, mma_refusal
+from quant.formats import FORMATS
+from quant.gguf_file import GGUFFile, TensorInfo
+from quant.linear import QuantLinear
+
+# a GEMM's largest error, relative to its output's largest value, that counts as correct: fp16 weights and inputs summed
+# in float32 stay near 1e-3; a kernel that drops or repeats a tile is off by O(1)
+GEMM_TOLERANCE = 1e-2
+
+@dataclass(frozen=True)
+class GemmShape:
+  tensor: str      # the first weight of the model with this type and shape
+  ggml_type: str
+  n: int           # the weight's rows: the GEMM's output columns
+  k: int           # its columns: the sum's length
+
+  @property
+  def label(self) -> str: return f"{self.ggml_type} {self.n}x{self.k}"
+
+def gemm_shapes(g: GGUFFile) -> list[GemmShape]:
+  """Each type and shape of the file's dense matmul weights (2-D, a packed or float type tinyzoo reads), once, largest
+  first; a tied output projection (the embedding table read as a matmul) among them."""
+  seen: dict[tuple, TensorInfo] = {}
+  for t in g.tensors.values():
+    if len(t.shape) == 2 and t.ggml_type in FORMATS and (t.name != "token_embd.weight" or "output.weight" not in g.tensors):
+      seen.setdefault((t.ggml_type, t.shape), t)
+  return sorted((GemmShape(t.name, t.ggml_type.name, *t.shape) for t in seen.values()), key=lambda s: -s.n * s.k)
+
+def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
+  """The GEMM kernels to time and a line for each left out: every one this device runs, or the `asked` ones, of which
+  one this device cannot run is refused (ValueError)."""
+  refusals = {k: mma_refusal(Device.DEFAULT) if k == "mma" else None for k in GEMMS}
+  if asked is not None:
+    if bad := [k for k in asked if k not in GEMMS]: raise ValueError(f"unknown GEMM kernel {bad[0]!r} (choose from {', '.join(GEMMS)})")
+    if (why := next((refusals[k] for k in asked if refusals[k]), None)) is not None: raise ValueError(why)
+    return asked, []
+  return [k for k in GEMMS if refusals[k] is None], [f"{k}: {why}" for k, why in refusals.items() if why]
+
+def _reference(g: GGUFFile, shape: GemmShape, x: np.ndarray) -> np.ndarray:
+  info = g.tensors[shape.tensor]
+  w = gguf_quants.dequantize(np.asarray(g.raw(info.name)), info.ggml_type).reshape(shape.n, shape.k).astype(np.float64)
+  return x.astype(np.float64) @ w.T
+
+def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
+  """cuBLAS's fp16 GEMM of x against the dequantized w through torch, TFLOP/s; None without torch or a CUDA GPU there."""
+  try: import torch
+  except ImportError: return None
+  if not torch.cuda.is_available(): return None
+  a = torch.from_numpy(x.astype(np.float16)).cuda()
+  b = torch.from_numpy(w.cast(dtypes.float16).numpy()).cuda()
+  for _ in range(3): a @ b.T
+  start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  start.record()
+  for _ in range(iters): a @ b.T
+  end.record()
+  torch.cuda.synchronize()
+  return 2 * a.shape[0] * b.shape[0] * b.shape[1] / (start.elapsed_time(end) / iters * 1e-3) / 1e12
+
+def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, seed: int | None = None):
+  """Yields a journal record for each GEMM shape of the model and each kernel (`gemm_shapes`), as each is measured."""
+  g, rng = GGUFFile(path), np.random.default_rng(seed)
+  for shape in gemm_shapes(g):
+    w = g.load(shape.tensor)
+    # inputs that fp16 holds exactly: the error is the kernel's and the weights' fp16 rounding, not the input's
+    x = rng.standard_normal((rows, shape.k)).astype(np.float16).astype(np.float32)
+    want, xt = _reference(g, shape, x), Tensor(x).realize()
+    cublas = _cublas_tflops(w.dequantize(), x, iters)
+    for kernel in kernels:
+      lin = QuantLinear(w, prefill="half", gemm_kernel=kernel)
+      got = lin.gemm_of(xt).numpy()
+      err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+      m = steady_state(lin.gemm_of, xt, iters=iters)
+      flops = 2 * rows * shape.n * shape.k
+      yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
+             "ggml_type": shape.ggml_type, "switches": {"gemm": kernel, "prefill": "half"},
+             "metrics": {"rows": rows, "n": shape.n, "k": shape.k, "kernels": m.kernels, "ms": round(m.median_ms, 4),
+                         "tflops": float(f"{flops / (m.median_ms * 1e-3) / 1e12:.4g}"), "rel_err": err, "correct": err <= GEMM_TOLERANCE,
+                         "iters": iters},
+             **({"peer": {"engine": "cuBLAS (torch, fp16 on the dequantized weights)", "tflops": round(cublas, 1)}} if cublas else {})}
+
+def table_row(r: dict) -> str:
+  m, peer = r["metrics"], r.get("peer", {}).get("tflops")
+  return (f"{r['ggml_type']:<6} {r['metrics']['n']:>7}x{m['k']:<6} {r['switches']['gemm']:<9} {m['kernels']:>7} {m['ms']:>9.3f} "
+          f"{m['tflops']:>8.3g} {peer if peer is not None else '-':>8} {m['rel_err']:>9.1e}" + ("" if m["correct"] else "  WRONG"))
+
+HEAD = f"{'type':<6} {'shape (N x K)':>14} {'kernel':<9} {'kernels':>7} {'ms':>9} {'TFLOP/s':>8} {'cuBLAS':>8} {'rel err':>9}"
+
+def run(path: os.PathLike, name: str, rows: int, asked: list[str] | None, iters: int, on_record, out=print) -> None:
+  """The command: the kernels this device runs (or the asked ones), a line for each left out, then a row a shape and
+  kernel as measured."""
+  if rows < 1 or iters < 1: raise ValueError(f"--rows and --iters must be at least 1, got {rows} and {iters}")
+  kernels, left_out = kernels_here(asked)
+  for line in left_out: out(f"left out: {line}")
+  out(f"{name}: each dense GEMM of a {rows}-row prompt chunk on {journal.device_name()}, weights dequantized to fp16 in the "
+      f"timed step, median of {iters} JIT replays; rel err: the largest error over the output's largest value against float64")
+  out(HEAD)
+  t0 = time.perf_counter()
+  for record in bench_gemms(path, name, rows, kernels, iters):
+    on_record(record)
+    out(table_row(record))
+  out(f"({math.ceil(time.perf_counter() - t0)} s)")

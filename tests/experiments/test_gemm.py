@@ -1,0 +1,38 @@
+"""`tinyzoo gemm`: each dense weight shape of a model once, each GEMM kernel this device runs timed and checked against
+float64 (a kernel that drops its work is marked wrong), one journal record each that is no decode bench; a kernel this
+device cannot run is left out with the reason, or refused in one line where asked for."""
+from pathlib import Path
+from tinygrad import Device
+from experiments import gemm, journal
+from models.catalog import synthesized
+from quant.gguf_file import GGUFFile
+from quant.linear import QuantLinear
+from tinyzoo.cli import main
+
+def test_each_dense_shape_once_the_tied_output_among_them():
+  g = GGUFFile(synthesized("llama3.2-1b-tiny"))
+  shapes = gemm.gemm_shapes(g)
+  assert len({(s.ggml_type, s.n, s.k) for s in shapes}) == len(shapes) and shapes[0].tensor == "token_embd.weight"   # tied: the largest
+  assert {(s.n, s.k) for s in shapes} == {t.shape for t in g.tensors.values() if len(t.shape) == 2}
+
+def test_records_of_each_shape_checked_against_float64(tmp_path: Path, capsys):
+  path = tmp_path / "journal.jsonl"
+  assert main(["gemm", "llama3.2-1b-tiny", "--rows", "40", "--iters", "2", "--journal", str(path)]) == 0
+  out = capsys.readouterr().out
+  records = journal.read(path)
+  assert len(records) == len(gemm.gemm_shapes(GGUFFile(synthesized("llama3.2-1b-tiny"))))   # one kernel here: tinygrad's
+  assert all(r["kind"] == "gemm" and not journal.is_bench(r) and r["metrics"]["correct"] and r["metrics"]["rel_err"] < 1e-3
+             and r["metrics"]["tflops"] > 0 and r["metrics"]["rows"] == 40 for r in records)
+  assert "left out: mma: gemm mma runs on CUDA GPUs" in out and gemm.HEAD in out and "WRONG" not in out
+
+def test_a_kernel_that_drops_its_work_is_wrong(monkeypatch):
+  monkeypatch.setattr(QuantLinear, "gemm_of", lambda self, x: (x[..., :1] * 0).expand(*x.shape[:-1], self.weight.shape[0]).contiguous())
+  (record, *_) = gemm.bench_gemms(synthesized("llama3.2-1b-tiny"), "t", 8, ["tinygrad"], 2, seed=1)
+  assert record["metrics"]["rel_err"] == 1.0 and not record["metrics"]["correct"] and gemm.table_row(record).endswith("WRONG")
+
+def test_bad_requests_get_one_line(capsys):
+  off_cuda = [(["--kernels", "mma"], "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU")] if Device.DEFAULT != "CUDA" else []
+  for argv, message in [*off_cuda, (["--kernels", "cublas"], "unknown GEMM kernel 'cublas' (choose from tinygrad, mma)"),
+                        (["--rows", "0"], "--rows and --iters must be at least 1, got 0 and 20")]:
+    assert main(["gemm", "llama3.2-1b-tiny", "--no-journal", *argv]) == 1
+    assert capsys.readouterr().err.strip() == f"tinyzoo: error: {message}"
