@@ -71,8 +71,9 @@ class KernelSettings:
   where it chooses the same; None: tinygrad's heuristic). `pdl`: CUDA kernels chained by programmatic dependent launch,
   with `pdl_prefetch` each workgroup asking the L2 for its share of its fixed reads first. `beam` and `jit_batch_size`
   set tinygrad's BEAM and JIT_BATCH_SIZE (None leaves tinygrad's); `tensor_cores` off sets its TC to 0, so no kernel
-  uses them; `graphs` off sets its JIT to 2, so a captured step launches its kernels one by one, no graph batching them. `edges` counts the programmatic edges graphs built, `compile_s` the seconds spent compiling kernels (or
-  taking them from `programs`). `programs`: where compiled programs are kept across processes (an object with
+  uses them; `graphs` off sets its JIT to 2, so a captured step launches its kernels one by one, no graph batching
+  them. `edges` counts the programmatic edges graphs built, `compile_s` the seconds spent compiling kernels (or taking
+  them from `programs`). `programs`: where compiled programs are kept across processes (an object with
   `program(key, compile) -> PROGRAM`, models/jit_cache.py's store), or None."""
   heuristic: Any = None
   pdl: bool = False

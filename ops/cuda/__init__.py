@@ -59,7 +59,8 @@ def gemm_mma_applies(a: Tensor, b: Tensor) -> bool:
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   """a [M, K] @ b [N, K].T -> [M, N] float32, both fp16 (where `gemm_mma_applies`), by gemm_mma.cu."""
   if not gemm_mma_applies(a, b):
-    raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: {a.shape} {a.dtype}, {b.shape} {b.dtype}")
+    raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: "
+                        f"{a.shape} {a.dtype}, {b.shape} {b.dtype}")
   (m, k), n = a.shape, b.shape[0]
   name = f"r_gemm_mma_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / GEMM_TILE), 1)

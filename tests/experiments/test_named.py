@@ -57,7 +57,8 @@ def test_bad_definitions_are_named(tmp_path: Path, text: str, message: str):
   assert str(defs / "x.yaml") in str(e.value) and "\n" not in str(e.value)
 
 def test_a_profile_experiment_may_judge_its_baseline_alone(tmp_path: Path):
-  text = GOOD.split("variants:")[0] + "variants: []\nprofile: {repeats: 2}\nverdict: {metric: profile.moe_block_forms, variant: base, expect: same, against: 1}\n"
+  text = (GOOD.split("variants:")[0] + "variants: []\nprofile: {repeats: 2}\n"
+          "verdict: {metric: profile.moe_block_forms, variant: base, expect: same, against: 1}\n")
   exp = named.find("x", write(tmp_path, text))
   assert (exp.variants, exp.profile, exp.verdict.against, exp.verdict.expect) == ((), {"repeats": 2}, 1, named.Expect.SAME)
   assert named.find("x", write(tmp_path, GOOD)).profile is None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
-from ops.cuda import KernelRefused, gemm_mma, gemm_mma_applies, mma_refusal, program, source
+from ops.cuda import KernelRefused, gemm_mma, gemm_mma_applies, mma_refusal, source
 from quant.linear import gemm
 
 def _program_of(out: Tensor) -> UOp:
