@@ -1,12 +1,16 @@
-"""`tinyzoo gemm MODEL`: every dense GEMM shape of a prompt chunk of the model (each matmul weight's type, rows and
-columns, once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it: the
-weight dequantized to fp16, then the GEMM of the chunk's rows summed in float32, so that TFLOP/s count the
-dequantization in. Beside them cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA
-GPU, in the same run; and each kernel's largest error against float64 numpy of the weights gguf.quants dequantizes."""
+"""`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul weight's type, rows and columns,
+once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it: the weight
+dequantized to fp16, then the GEMM of the chunk's rows summed in float32, so that TFLOP/s count the dequantization in.
+A MoE's expert weights are timed in the grouped form a chunk's experts take (ops/routing.py ExpertGroups: the chunk's
+choices of a random routing sorted into tiles of one expert each, every tile reading its expert once), tinygrad's
+kernel alone; their TFLOP/s count the chosen rows' products, not the tiles' padding. Beside the dense ones cuBLAS's
+fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA GPU, in the same run; and each
+kernel's largest error against float64 numpy of the weights gguf.quants dequantizes."""
 import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 import numpy as np
 from gguf import quants as gguf_quants
 from tinygrad import Device, Tensor, dtypes
@@ -15,7 +19,9 @@ from experiments.steady import steady_state
 from ops.cuda import GEMMS, mma_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
-from quant.linear import QuantLinear
+from ops.routing import ExpertGroups
+from profiles.hints import HINTS
+from quant.linear import QuantExperts, QuantLinear
 
 # a GEMM's largest error, relative to its output's largest value, that counts as correct: fp16 weights and inputs summed
 # in float32 stay near 1e-3; a kernel that drops or repeats a tile is off by O(1)
@@ -27,18 +33,20 @@ class GemmShape:
   ggml_type: str
   n: int           # the weight's rows: the GEMM's output columns
   k: int           # its columns: the sum's length
+  experts: int = 0 # a MoE's expert weights: how many experts they hold (0: a dense weight)
 
   @property
-  def label(self) -> str: return f"{self.ggml_type} {self.n}x{self.k}"
+  def label(self) -> str: return f"{self.ggml_type} {self.n}x{self.k}" + (f" x{self.experts} experts" if self.experts else "")
 
 def gemm_shapes(g: GGUFFile) -> list[GemmShape]:
-  """Each type and shape of the file's dense matmul weights (2-D, a packed or float type tinyzoo reads), once, largest
-  first; a tied output projection (the embedding table read as a matmul) among them."""
+  """Each type and shape of the file's matmul weights (a packed or float type tinyzoo reads: 2-D dense ones, 3-D expert
+  ones), once, dense first, largest first; a tied output projection (the embedding table read as a matmul) among them."""
   seen: dict[tuple, TensorInfo] = {}
   for t in g.tensors.values():
-    if len(t.shape) == 2 and t.ggml_type in FORMATS and (t.name != "token_embd.weight" or "output.weight" not in g.tensors):
-      seen.setdefault((t.ggml_type, t.shape), t)
-  return sorted((GemmShape(t.name, t.ggml_type.name, *t.shape) for t in seen.values()), key=lambda s: -s.n * s.k)
+    dense = len(t.shape) == 2 and (t.name != "token_embd.weight" or "output.weight" not in g.tensors)
+    if t.ggml_type in FORMATS and (dense or (len(t.shape) == 3 and "_exps" in t.name)): seen.setdefault((t.ggml_type, t.shape), t)
+  shapes = [GemmShape(t.name, t.ggml_type.name, *t.shape[-2:], t.shape[0] if len(t.shape) == 3 else 0) for t in seen.values()]
+  return sorted(shapes, key=lambda s: (s.experts > 0, -s.n * s.k))
 
 def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
   """The GEMM kernels to time and a line for each left out: every one this device runs, or the `asked` ones, of which
@@ -50,10 +58,9 @@ def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
     return asked, []
   return [k for k in GEMMS if refusals[k] is None], [f"{k}: {why}" for k, why in refusals.items() if why]
 
-def _reference(g: GGUFFile, shape: GemmShape, x: np.ndarray) -> np.ndarray:
+def _float64_weights(g: GGUFFile, shape: GemmShape) -> np.ndarray:
   info = g.tensors[shape.tensor]
-  w = gguf_quants.dequantize(np.asarray(g.raw(info.name)), info.ggml_type).reshape(shape.n, shape.k).astype(np.float64)
-  return x.astype(np.float64) @ w.T
+  return gguf_quants.dequantize(np.asarray(g.raw(info.name)), info.ggml_type).reshape(*info.shape).astype(np.float64)
 
 def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
   """cuBLAS's fp16 GEMM of x against the dequantized w through torch, TFLOP/s; None without torch or a CUDA GPU there."""
@@ -70,34 +77,52 @@ def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
   torch.cuda.synchronize()
   return 2 * a.shape[0] * b.shape[0] * b.shape[1] / (start.elapsed_time(end) / iters * 1e-3) / 1e12
 
+def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str) -> tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]:
+  """A dense weight's chunk GEMM under `kernel`: the step, its input, the float64 answer and its products."""
+  lin = QuantLinear(g.load(shape.tensor), prefill="half", gemm_kernel=kernel)
+  return lin.gemm_of, Tensor(x).realize(), x.astype(np.float64) @ _float64_weights(g, shape).T, 2 * x.shape[0] * shape.n * shape.k
+
+def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Generator) -> tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]:
+  """An expert weight's grouped GEMM of the chunk's rows, each through `expert_used_count` experts drawn at random: the
+  step (the rows gathered into their slots, then the GEMM), its input, the float64 answer of the held slots (0 for the
+  padding) and the chosen rows' products."""
+  used = g.require(f"{g.architecture}.expert_used_count")
+  sel = np.stack([rng.choice(shape.experts, used, replace=False) for _ in range(x.shape[0])]).astype(np.int32)
+  groups = ExpertGroups.of(Tensor(sel).realize(), shape.experts, HINTS["expert_tile"].default_value())
+  for t in (groups.slot, groups.row, groups.held, groups.tile_expert): t.realize()
+  experts = QuantExperts(g.load(shape.tensor), prefill="half")
+  w, row, held, tile_expert = _float64_weights(g, shape), groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
+  expert = np.repeat(tile_expert, groups.tile)
+  want = np.where(held[:, None], np.einsum("sk,snk->sn", x.astype(np.float64)[row], w[expert]), 0.0)
+  step = lambda xt: experts.grouped(xt[groups.row], groups) * groups.held.unsqueeze(-1)
+  return step, Tensor(x).realize(), want, 2 * x.shape[0] * used * shape.n * shape.k
+
 def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, seed: int | None = None):
-  """Yields a journal record for each GEMM shape of the model and each kernel (`gemm_shapes`), as each is measured."""
+  """Yields a journal record for each GEMM shape of the model and each kernel (`gemm_shapes`; expert weights tinygrad's
+  only), as each is measured."""
   g, rng = GGUFFile(path), np.random.default_rng(seed)
   for shape in gemm_shapes(g):
-    w = g.load(shape.tensor)
     # inputs that fp16 holds exactly: the error is the kernel's and the weights' fp16 rounding, not the input's
     x = rng.standard_normal((rows, shape.k)).astype(np.float16).astype(np.float32)
-    want, xt = _reference(g, shape, x), Tensor(x).realize()
-    cublas = _cublas_tflops(w.dequantize(), x, iters)
-    for kernel in kernels:
-      lin = QuantLinear(w, prefill="half", gemm_kernel=kernel)
-      got = lin.gemm_of(xt).numpy()
-      err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-      m = steady_state(lin.gemm_of, xt, iters=iters)
-      flops = 2 * rows * shape.n * shape.k
+    cublas = None if shape.experts else _cublas_tflops(g.load(shape.tensor).dequantize(), x, iters)
+    for kernel in ["tinygrad"] if shape.experts else kernels:
+      step, xt, want, flops = _grouped(g, shape, x, rng) if shape.experts else _dense(g, shape, x, kernel)
+      err = float(np.abs(step(xt).numpy() - want).max() / max(np.abs(want).max(), 1e-30))
+      m = steady_state(step, xt, iters=iters)
       yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
              "ggml_type": shape.ggml_type, "switches": {"gemm": kernel, "prefill": "half"},
-             "metrics": {"rows": rows, "n": shape.n, "k": shape.k, "kernels": m.kernels, "ms": round(m.median_ms, 4),
+             "metrics": {"rows": rows, "n": shape.n, "k": shape.k, "experts": shape.experts, "kernels": m.kernels, "ms": round(m.median_ms, 4),
                          "tflops": float(f"{flops / (m.median_ms * 1e-3) / 1e12:.4g}"), "rel_err": err, "correct": err <= GEMM_TOLERANCE,
                          "iters": iters},
              **({"peer": {"engine": "cuBLAS (torch, fp16 on the dequantized weights)", "tflops": round(cublas, 1)}} if cublas else {})}
 
 def table_row(r: dict) -> str:
   m, peer = r["metrics"], r.get("peer", {}).get("tflops")
-  return (f"{r['ggml_type']:<6} {r['metrics']['n']:>7}x{m['k']:<6} {r['switches']['gemm']:<9} {m['kernels']:>7} {m['ms']:>9.3f} "
+  shape = f"{m['n']}x{m['k']}" + (f" x{m['experts']}e" if m.get("experts") else "")
+  return (f"{r['ggml_type']:<6} {shape:>18} {r['switches']['gemm']:<9} {m['kernels']:>7} {m['ms']:>9.3f} "
           f"{m['tflops']:>8.3g} {peer if peer is not None else '-':>8} {m['rel_err']:>9.1e}" + ("" if m["correct"] else "  WRONG"))
 
-HEAD = f"{'type':<6} {'shape (N x K)':>14} {'kernel':<9} {'kernels':>7} {'ms':>9} {'TFLOP/s':>8} {'cuBLAS':>8} {'rel err':>9}"
+HEAD = f"{'type':<6} {'shape (N x K)':>18} {'kernel':<9} {'kernels':>7} {'ms':>9} {'TFLOP/s':>8} {'cuBLAS':>8} {'rel err':>9}"
 
 def run(path: os.PathLike, name: str, rows: int, asked: list[str] | None, iters: int, on_record, out=print) -> None:
   """The command: the kernels this device runs (or the asked ones), a line for each left out, then a row a shape and
@@ -105,7 +130,7 @@ def run(path: os.PathLike, name: str, rows: int, asked: list[str] | None, iters:
   if rows < 1 or iters < 1: raise ValueError(f"--rows and --iters must be at least 1, got {rows} and {iters}")
   kernels, left_out = kernels_here(asked)
   for line in left_out: out(f"left out: {line}")
-  out(f"{name}: each dense GEMM of a {rows}-row prompt chunk on {journal.device_name()}, weights dequantized to fp16 in the "
+  out(f"{name}: each GEMM of a {rows}-row prompt chunk on {journal.device_name()}, weights dequantized to fp16 in the "
       f"timed step, median of {iters} JIT replays; rel err: the largest error over the output's largest value against float64")
   out(HEAD)
   t0 = time.perf_counter()

@@ -15,6 +15,18 @@ def test_each_dense_shape_once_the_tied_output_among_them():
   assert len({(s.ggml_type, s.n, s.k) for s in shapes}) == len(shapes) and shapes[0].tensor == "token_embd.weight"   # tied: the largest
   assert {(s.n, s.k) for s in shapes} == {t.shape for t in g.tensors.values() if len(t.shape) == 2}
 
+def test_expert_weights_in_the_grouped_form_a_chunk_takes():
+  """A MoE's expert weights come after the dense ones, each type and shape once, timed as a chunk's grouped GEMM over a
+  random routing and checked against float64 slot by slot (the padding's zeros included)."""
+  path = synthesized("deepseek-v2-lite-tiny")
+  shapes = gemm.gemm_shapes(GGUFFile(path))
+  experts = [s for s in shapes if s.experts]
+  assert experts and shapes[-len(experts):] == experts and all(s.experts == 8 for s in experts)
+  records = list(gemm.bench_gemms(path, "t", 24, ["tinygrad"], 2, seed=3))
+  grouped = [r for r in records if r["metrics"]["experts"]]
+  assert len(grouped) == len(experts) and all(r["metrics"]["correct"] and r["metrics"]["rel_err"] < 1e-3 for r in grouped)
+  assert all(" x8e " in gemm.table_row(r) for r in grouped)
+
 def test_records_of_each_shape_checked_against_float64(tmp_path: Path, capsys):
   path = tmp_path / "journal.jsonl"
   assert main(["gemm", "llama3.2-1b-tiny", "--rows", "40", "--iters", "2", "--journal", str(path)]) == 0
