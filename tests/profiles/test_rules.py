@@ -75,3 +75,11 @@ def test_a_bad_machine_key_is_named(tmp_path: Path):
 def test_tune_keys_the_profile_it_writes_by_the_machine(tmp_path: Path):
   device.save_hints(path := tmp_path / "p.yaml", "CPU: x", {"norm": "single"}, {"model": "m", "tok_s": 1.0}, AVX2)
   assert load(path)["machine"] == {"cpu_simd": "avx2"}
+
+def test_this_machine_is_described_by_what_decides_hints():
+  from quant.int8_cpu import simd_path
+  from profiles.machine import this_machine
+  m = this_machine("CPU")
+  assert m == Machine("CPU", cpu_simd=simd_path()) and m.on_cpu and device.machine_key(m) == ({"cpu_simd": m.cpu_simd} if m.cpu_simd else {})
+  assert H200.describe() == "CUDA, compute capability 9.0, 132 multiprocessors" and not H200.on_cpu
+  assert Machine("CPU").describe() == "CPU, int8 dot products: none"
