@@ -16,12 +16,14 @@ from gguf import quants as gguf_quants
 from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.steady import steady_state
-from ops.cuda import GEMMS, mma_refusal
+from ops import patches
+from ops.cuda import GEMM_K_STEP, GEMMS, mma_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
 from ops.routing import ExpertGroups
-from profiles.hints import HINTS
+from profiles.device import resolve_hints
 from quant.linear import QuantExperts, QuantLinear
+from quant.matvec_opts import runtime_settings
 
 # a GEMM's largest error, relative to its output's largest value, that counts as correct: fp16 weights and inputs summed
 # in float32 stay near 1e-3; a kernel that drops or repeats a tile is off by O(1)
@@ -77,36 +79,52 @@ def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
   torch.cuda.synchronize()
   return 2 * a.shape[0] * b.shape[0] * b.shape[1] / (start.elapsed_time(end) / iters * 1e-3) / 1e12
 
-def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str) -> tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]:
+Measured = tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]   # the step, its input, the float64 answer, its products
+
+def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str) -> Measured:
   """A dense weight's chunk GEMM under `kernel`: the step, its input, the float64 answer and its products."""
   lin = QuantLinear(g.load(shape.tensor), prefill="half", gemm_kernel=kernel)
   return lin.gemm_of, Tensor(x).realize(), x.astype(np.float64) @ _float64_weights(g, shape).T, 2 * x.shape[0] * shape.n * shape.k
 
-def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Generator) -> tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]:
+def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Generator, tile: int) -> Measured:
   """An expert weight's grouped GEMM of the chunk's rows, each through `expert_used_count` experts drawn at random: the
   step (the rows gathered into their slots, then the GEMM), its input, the float64 answer of the held slots (0 for the
   padding) and the chosen rows' products."""
   used = g.require(f"{g.architecture}.expert_used_count")
   sel = np.stack([rng.choice(shape.experts, used, replace=False) for _ in range(x.shape[0])]).astype(np.int32)
-  groups = ExpertGroups.of(Tensor(sel).realize(), shape.experts, HINTS["expert_tile"].default_value())
+  groups = ExpertGroups.of(Tensor(sel).realize(), shape.experts, tile)
   for t in (groups.slot, groups.row, groups.held, groups.tile_expert): t.realize()
   experts = QuantExperts(g.load(shape.tensor), prefill="half")
   w, row, held, tile_expert = _float64_weights(g, shape), groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
-  expert = np.repeat(tile_expert, groups.tile)
-  want = np.where(held[:, None], np.einsum("sk,snk->sn", x.astype(np.float64)[row], w[expert]), 0.0)
+  rows64, want = x.astype(np.float64)[row], np.zeros((row.shape[0], shape.n))
+  for t, e in enumerate(tile_expert):   # a tile's rows through its one expert
+    tile = slice(t * groups.tile, (t + 1) * groups.tile)
+    want[tile] = rows64[tile] @ w[e].T
+  want *= held[:, None]
   step = lambda xt: experts.grouped(xt[groups.row], groups) * groups.held.unsqueeze(-1)
   return step, Tensor(x).realize(), want, 2 * x.shape[0] * used * shape.n * shape.k
 
+def kernels_of(shape: GemmShape, kernels: list[str]) -> list[str]:
+  """The kernels that take a shape's GEMM: tinygrad's alone for expert weights, F32 weights (a GEMM of float32 inputs:
+  MoE routers) and sums not a whole number of mma's K steps."""
+  if shape.experts or shape.ggml_type == "F32" or shape.k % GEMM_K_STEP: return [k for k in kernels if k == "tinygrad"]
+  return kernels
+
 def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, seed: int | None = None):
-  """Yields a journal record for each GEMM shape of the model and each kernel (`gemm_shapes`; expert weights tinygrad's
-  only), as each is measured."""
-  g, rng = GGUFFile(path), np.random.default_rng(seed)
+  """Yields a journal record for each GEMM shape of the model and each kernel that takes it (`gemm_shapes`,
+  `kernels_of`), as each is measured, under the kernel settings the model's runtime compiles with on this device."""
+  g, rng, hints = GGUFFile(path), np.random.default_rng(seed), resolve_hints(path, {})
+  patches.install()
+  with runtime_settings(hints):
+    yield from _bench(g, path, name, rows, kernels, iters, rng, hints.expert_tile)
+
+def _bench(g: GGUFFile, path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, rng: np.random.Generator, tile: int):
   for shape in gemm_shapes(g):
     # inputs that fp16 holds exactly: the error is the kernel's and the weights' fp16 rounding, not the input's
     x = rng.standard_normal((rows, shape.k)).astype(np.float16).astype(np.float32)
     cublas = None if shape.experts else _cublas_tflops(g.load(shape.tensor).dequantize(), x, iters)
-    for kernel in ["tinygrad"] if shape.experts else kernels:
-      step, xt, want, flops = _grouped(g, shape, x, rng) if shape.experts else _dense(g, shape, x, kernel)
+    for kernel in kernels_of(shape, kernels):
+      step, xt, want, flops = _grouped(g, shape, x, rng, tile) if shape.experts else _dense(g, shape, x, kernel)
       err = float(np.abs(step(xt).numpy() - want).max() / max(np.abs(want).max(), 1e-30))
       m = steady_state(step, xt, iters=iters)
       yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
@@ -131,7 +149,8 @@ def run(path: os.PathLike, name: str, rows: int, asked: list[str] | None, iters:
   kernels, left_out = kernels_here(asked)
   for line in left_out: out(f"left out: {line}")
   out(f"{name}: each GEMM of a {rows}-row prompt chunk on {journal.device_name()}, weights dequantized to fp16 in the "
-      f"timed step, median of {iters} JIT replays; rel err: the largest error over the output's largest value against float64")
+      f"timed step (cuBLAS's: the GEMM alone, of weights dequantized before), median of {iters} JIT replays; rel err: the "
+      "largest error over the output's largest value against float64")
   out(HEAD)
   t0 = time.perf_counter()
   for record in bench_gemms(path, name, rows, kernels, iters):

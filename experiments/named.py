@@ -18,6 +18,7 @@ from tinygrad import Device
 from experiments.bench import BenchConfig, bench, pm
 from experiments.journal import context, latest_runs, number as _number
 from experiments.profile import findings_text
+from ops.cuda import mma_refusal
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
@@ -46,7 +47,11 @@ def _text(value: Any) -> str:
   return value
 
 QUALITY_KEYS: dict[str, Callable[[Any], Any]] = {"text": _text, **{k: functools.partial(_typed, k, int) for k in ("ctx", "chunks")}}
-PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {"repeats": functools.partial(_typed, "repeats", int)}
+def _replays(value: Any) -> int:
+  if _typed("repeats", int, value) < 1: raise ValueError(f"repeats must be at least 1, got {value}")
+  return value
+
+PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {"repeats": _replays}
 BENCH_KEYS: dict[str, Callable[[Any], Any]] = {**{k: functools.partial(_typed, k, int) for k in ("tokens", "pp", "warmup", "ctx")}, "depths": _depths}
 
 class Needs(enum.Enum):
@@ -175,7 +180,7 @@ def load(path: Path) -> Experiment:
   return Experiment(path.stem, str(raw["description"]).strip(), model, str(raw.get("reproduces", "")).strip(),
                     _checked(f"{where} bench", raw.get("bench", {}), BENCH_KEYS), baseline, variants,
                     _checked(f"{where} quality", raw.get("quality", {}), QUALITY_KEYS), verdict, _needs(where, raw.get("needs")), cpu_model,
-                    _checked(f"{where} profile", raw.get("profile") or {}, PROFILE_KEYS) if "profile" in raw else None)
+                    _checked(f"{where} profile", {} if raw.get("profile") is None else raw["profile"], PROFILE_KEYS) if "profile" in raw else None)
 
 def load_all(defs: Path = DEFS) -> dict[str, Experiment]:
   return {p.stem: load(p) for p in sorted(defs.glob("*.yaml"))}
@@ -205,6 +210,7 @@ def unmet(exp: Experiment, model: str, model_path: Callable[[str], Path], device
   device can run the experiment; the model's are read from its file's tensor directory, no weight loaded."""
   for need, wrong, wants in ((Needs.GPU, on_cpu(device), "a GPU"), (Needs.CPU, not on_cpu(device), "the CPU")):
     if need in exp.needs and wrong: return f"{exp.name} needs {wants}: this device is {device}"
+  if any(v.switches.get("gemm") == "mma" for v in exp.all_variants) and (why := mma_refusal(device)) is not None: return f"{exp.name}: {why}"
   if not (needs := [n for n in exp.needs if n not in (Needs.GPU, Needs.CPU)]): return None
   g = GGUFFile(model_path(model))
   for need in needs:

@@ -106,21 +106,23 @@ def attribute(kernels: list[Kernel], labels: Labels) -> list[tuple[str, str, str
           for k, r, p, b in zip(kernels, read, places, blocks)]
 
 def weight_bytes(kernels: list[Kernel], labels: Labels, table_rows: int, experts_read: float = 1.0) -> int:
-  """Bytes of weights one replay reads: every matmul weight it touches whole, the share `experts_read` of expert weights
-  (the experts a token uses of all), one row of an embedding table it only looks up."""
+  """Bytes of weights one replay reads: every matmul weight a reduce touches whole, the share `experts_read` of expert
+  weights (the experts a token uses of all), one row of an embedding table it only looks up (a tied one too, where no
+  reduce reads it as the output projection)."""
   touched = {b for k in kernels for s in k.call.src[1:] if (b := _buffer(s)) is not None and b in labels}
-  kinds = {b: {kind for _, kind in labels[b]} for b in touched}
+  as_matmul = {b for k in kernels if k.is_reduce for s in k.call.src[1:] if (b := _buffer(s)) in touched}
+  kinds = {b: {kind for _, kind in labels[b]} - ({"matmul"} if b not in as_matmul else set()) for b in touched}
   def read(b: Buffer) -> int:
     if "matmul" in kinds[b]: return b.nbytes
     return round(b.nbytes * experts_read) if "experts" in kinds[b] else b.nbytes // table_rows
   return sum(read(b) for b in touched if kinds[b] & {"matmul", "experts", "table"})
 
-def weights_read(rt, labels: Labels) -> Callable[[list[Kernel]], int]:
+def weights_read(rt, labels: Labels, one_token: bool = True) -> Callable[[list[Kernel]], int]:
   """What gives the bytes of weights some of the runtime's kernels read (`weight_bytes`), a MoE block's experts at the
-  share of them a token uses."""
+  share of them one token uses (or, for a prompt chunk, whose tokens between them use nearly all, whole)."""
   from models.moe import MoE
   moe = [b.ffn.cfg for b in rt.model.blocks if isinstance(b.ffn, MoE)]
-  share = moe[0].n_used / moe[0].n_experts if moe else 1.0
+  share = moe[0].n_used / moe[0].n_experts if moe and one_token else 1.0
   return lambda kernels: weight_bytes(kernels, labels, rt.cfg.vocab_size, share)
 
 @contextmanager
@@ -229,13 +231,14 @@ def findings_text(f: dict, top: int = 3) -> str:
   """A profile's findings (`findings`) in a line: kernels and their time, the spread of their times, the block forms,
   the matmuls' bandwidth and the slowest kernels."""
   num = lambda key, spec, unit="": "-" if f.get(key) is None else f"{f[key]:{spec}}{unit}"
-  forms = ", ".join(f"{b['blocks']}: {b['kernels']}" for b in f.get("block_forms", [])) or "none"
+  ids = lambda b: b if isinstance(b, str) else _ranges([f"blk.{i}" for i in b])   # records before ids were kept: the text
+  forms = ", ".join(f"{ids(b['blocks'])}: {b['kernels']}" for b in f.get("block_forms", [])) or "none"
   slowest = "; ".join(f"{k['name']} ({k['module']}) {k['us']:.1f} us" + (f" {k['gbps']:.0f} GB/s" if k.get("gbps") else "")
                       for k in f.get("top", [])[:top])
   return (f"{f.get('kernels')} kernels, {num('kernel_ms', '.3f', ' ms')} summed (step {num('step_ms', '.3f', ' ms')}), time spread "
           f"{num('time_cv', '.2f')} ({f.get('batched', 0)} timed as a batch's share); kernels per block: {forms}; MoE block forms "
           f"{f.get('moe_block_forms', 0)}; weight reads: experts {num('experts_gbps', '.0f', ' GB/s')}, dense {num('dense_gbps', '.0f', ' GB/s')}; "
-          f"slowest: {slowest or '-'}")
+          f"slowest: {'- (times are batch shares)' if f.get('batched') else slowest or '-'}")
 
 def findings(rows: list[KernelRow], step_ms: float | None) -> dict:
   """What an experiment with `profile:` records of a profiled step, the seed's profile-reading findings in numbers:
@@ -251,11 +254,12 @@ def findings(rows: list[KernelRow], step_ms: float | None) -> dict:
   moe = {b for b in blocks if any(experts(r) for r in rows if r.block == b)}
   moe_forms = [members for members in forms.values() if members[0] in moe]
   matmuls = [r for r in rows if r.category == "matmul" and r.weight_bytes]
-  top = sorted((r for r in rows if r.us is not None), key=lambda r: -r.us)[:TOP]   # type: ignore[operator]
+  # the slowest kernels, where each kernel has a time of its own (a batch's share says nothing of one kernel)
+  top = [] if any(r.batched for r in rows) else sorted((r for r in rows if r.us is not None), key=lambda r: -r.us)[:TOP]   # type: ignore[operator]
   return {"kernels": len(rows), "kernel_ms": sum(timed) / 1e3 if timed else None, "step_ms": step_ms,
           "time_cv": statistics.pstdev(timed) / statistics.mean(timed) if len(timed) > 1 and statistics.mean(timed) > 0 else None,
           "batched": sum(r.batched for r in rows),
-          "block_forms": [{"blocks": _ranges(members), "kernels": len(form)} for form, members in forms.items()],
+          "block_forms": [{"blocks": [int(b.split(".")[1]) for b in members], "kernels": len(form)} for form, members in forms.items()],
           "moe_block_forms": len(moe_forms), "moe_block_kernels": sorted(len(pattern(rows, m[0])) for m in moe_forms),
           "experts_gbps": _gbps([r for r in matmuls if experts(r)]), "dense_gbps": _gbps([r for r in matmuls if not experts(r)]),
           "top": [{"name": r.name, "block": r.block, "module": r.module, "us": r.us, "mb": r.weight_bytes / 1e6, "gbps": _gbps([r])}
@@ -288,7 +292,7 @@ def _profile_prefill(path, name: str, cfg, repeats: int) -> tuple[str, list[Kern
     for _ in range(repeats): rt.prefill_chunks(ids).realize()
   linear = rt._prefill.captured.linear
   labels = buffer_labels(rt.weights.labels)
-  rows = rows_for(linear, labels, times.get(linear, []), weights_read(rt, labels))
+  rows = rows_for(linear, labels, times.get(linear, []), weights_read(rt, labels, one_token=False))
   # the weights' matmuls: attention's read a cache
   gemm_us = sum(r.us or 0.0 for r in rows if r.category == "matmul" and not r.module.endswith("cache"))
   flops = 2 * rt.chunk * dense_block_weights(rt)
@@ -353,7 +357,7 @@ def timing_note(rows: list[KernelRow], repeats: int) -> str:
   """What the times of timed replays' rows mean: each kernel's own, or its graph batch's split evenly."""
   if any(r.batched for r in rows):
     return ("Times marked * belong to a graph batch timed as a whole and split evenly: averages, not per-kernel truths "
-            "(JIT=2 launches kernels one by one; --ncu measures each inside its graph).")
+            "(--no-graphs launches kernels one by one; --ncu measures each inside its graph).")
   return f"Each kernel was launched alone and waited for; times are medians of {repeats} replays (host launch cost included)."
 
 def ncu_kernel_times(argv: list[str], ncu: str = "ncu") -> tuple[str, list[KernelRow], str]:

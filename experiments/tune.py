@@ -1,6 +1,6 @@
 """`tinyzoo tune`: kernel hints searched for one model on this device, each trial a bench in JIT steady state.
 
-The search starts from the hints resolved now (flags, profile, manifest, defaults) and goes one hint at a time, in the
+The search starts from the hints resolved now (flags, profile, manifest, the hints' rules, defaults) and goes one hint at a time, in the
 order of SEARCH: every other value of the hint is benched with the best values found so far for the rest, and the
 fastest is kept (coordinate descent: a few trials per hint rather than the product of all). It stops when the budget is
 spent, after the trial running then. Every trial is a journal record of experiment `tune`.
@@ -53,7 +53,8 @@ def ranked(records: list[dict]) -> list[dict]: return sorted(records, key=lambda
 
 def winner_hints(record: dict) -> dict:
   """The hints of a trial a profile pins (save_hints keeps those a profile may set): those the search tried and those
-  set by other than their default. One left at its default stays unpinned, so that the default still applies where it
-  depends on the run (an unset prompt chunk sized to its prompts)."""
+  set by other than their default or their rule. One left to them stays unpinned, so that the default still applies
+  where it depends on the run (an unset prompt chunk sized to its prompts) and the rule where it depends on the model
+  (a split chosen from one model's shapes)."""
   searched = search_space(record["device"])
-  return {n: h["value"] for n, h in record["hints"].items() if n in searched or h["source"] != "default"}
+  return {n: h["value"] for n, h in record["hints"].items() if n in searched or h["source"] not in ("default", "heuristic")}

@@ -30,7 +30,7 @@ from ops.sampling import READBACK, Sampler
 from profiles.hints import Hints, resolve
 from quant.files import file_sha256
 from quant.gguf_file import GGUFFile
-from quant.matvec_opts import kernel_settings
+from quant.matvec_opts import runtime_settings
 
 JIT_NAMES = ("prefill", "head", "decode")
 ALL_JITS = (*JIT_NAMES, "sampler")   # what a generation captures: the runtime's and its sampler's
@@ -61,9 +61,7 @@ class Runtime:
     self.path, self.jits = path, jits
     self.hints = hints or resolve()
     h = self.hints
-    self.kernels = kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores,
-                                   h.graphs,
-                                   programs=(JitStore() if jits is None else jits) if keep_programs else None)
+    self.kernels = runtime_settings(h, (JitStore() if jits is None else jits) if keep_programs else None)
     self.gguf = GGUFFile(path)
     self.arch = arch = architecture_of(self.gguf)
     self.cfg: ModelConfig = ModelConfig.from_gguf(self.gguf)

@@ -75,10 +75,13 @@ def _components(v: Any) -> tuple[str, ...]:
 # reason, or None where the default stands
 Rule = Callable[[Machine, Shapes | None], tuple[Any, str] | None]
 
+VNNI = ("avx512_vnni", "avx_vnni")   # quant/int8_cpu.py's paths of a dot-product instruction (AVX2's takes two)
+
 def _int8_where_cpu_dots(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
-  """int8_dot on a CPU with int8 dot products: activations quantized to 8 bits once, sums in integers (llama.cpp's CPU
-  path), where float dot products over the unpacked weights take about twice the time."""
-  if m.on_cpu and m.cpu_simd: return "int8_dot", f"the CPU has {m.cpu_simd} int8 dot products (quant/int8_cpu.py)"
+  """int8_dot on a CPU with VNNI's int8 dot products: activations quantized to 8 bits once, 32 products summed in
+  integers an instruction (llama.cpp's CPU path), where float dot products over the unpacked weights took 2.5 times as
+  long on an AVX-512 EPYC. AVX2 alone keeps the default: the EPYC tuned without AVX-512 chose packed_dot."""
+  if m.on_cpu and m.cpu_simd in VNNI: return "int8_dot", f"the CPU has {m.cpu_simd} int8 dot products (quant/int8_cpu.py)"
   return None
 
 # the cache elements a split-KV part holds, about: the parts tuned on the H100 (4 chunks for llama's and gpt-oss's 1,024
@@ -90,7 +93,7 @@ def _split_on_gpus(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:
   of chunks nearest that): unsplit, their workgroups are one a head, far fewer than the multiprocessors, and a long
   context is summed by a few of them."""
   if m.on_cpu or shapes is None or (m.multiprocessors is not None and shapes.n_heads >= m.multiprocessors): return None
-  chunks = max(1, 2 ** round(math.log2(max(1.0, SPLIT_PART_ELEMENTS / (CHUNK * shapes.kv_width)))))
+  chunks = 2 ** round(math.log2(max(1.0, SPLIT_PART_ELEMENTS / (CHUNK * shapes.kv_width))))
   sms = f"{m.multiprocessors} multiprocessors" if m.multiprocessors else "its multiprocessors"
   return chunks, (f"{shapes.n_heads} heads of {shapes.kv_width} cache elements a position: parts of {chunks} chunks of {CHUNK} "
                   f"positions (about {SPLIT_PART_ELEMENTS:,} elements) spread a long context over the GPU's {sms}")
@@ -113,7 +116,7 @@ def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = 
 HINTS: dict[str, Hint] = {
   "strategy": Hint("packed_dot", _strategy, f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed "
                    "by per-type, FFN and MoE-expert overrides, e.g. 'packed_dot,Q6_K=split', 'fused,ffn=split' or "
-                   "'packed_words,experts=int8_dot' (quant/linear.py); by rule int8_dot on a CPU with int8 dot products", metavar="SPEC",
+                   "'packed_words,experts=int8_dot' (quant/linear.py); by rule int8_dot on a CPU with VNNI int8 dot products", metavar="SPEC",
                    rule=_int8_where_cpu_dots),
   "rounding": _choice("exact", ROUNDINGS, "exact keeps activations and the KV cache in fp32; ggml rounds them as llama.cpp's CPU path "
                       "does: 8-bit activations into quantized matmuls, an fp16 KV cache met by fp16 queries (more kernels; matches "

@@ -21,23 +21,24 @@ class Machine:
 
   def describe(self) -> str:
     if self.on_cpu: return f"CPU, int8 dot products: {self.cpu_simd or 'none'}"
-    return f"{self.backend}, compute capability {self.compute_capability or '?'}, {self.multiprocessors or '?'} multiprocessors"
+    if self.compute_capability is None: return self.backend
+    sms = f", {self.multiprocessors} multiprocessors" if self.multiprocessors else ""
+    return f"{self.backend}, compute capability {self.compute_capability}{sms}"
 
 # the features a profile's `machine:` may name, each a Machine field
 PROFILE_KEYS = ("cpu_simd", "compute_capability")
 
 def _cuda(device: str) -> tuple[str | None, int | None]:
   """The compute capability and the multiprocessor count of tinygrad's CUDA device, from its driver."""
-  dev = Device[device]
-  arch = str(getattr(dev, "arch", ""))
-  cc = f"{arch[3:-1]}.{arch[-1]}" if arch.startswith("sm_") and len(arch) > 4 else None
+  from ops.cuda import capability
+  cc = capability(device)
   try:
     from tinygrad.runtime.autogen import cuda
     count = ctypes.c_int()
     attr = cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    sms = count.value if cuda.cuDeviceGetAttribute(ctypes.byref(count), attr, dev.cu_device) == 0 else None
+    sms = count.value if cuda.cuDeviceGetAttribute(ctypes.byref(count), attr, Device[device].cu_device) == 0 else None
   except (AttributeError, ImportError, OSError): sms = None
-  return cc, sms
+  return (None if cc is None else f"{cc[0]}.{cc[1]}"), sms
 
 @functools.cache
 def this_machine(device: str | None = None) -> Machine:
@@ -57,9 +58,7 @@ class Shapes:
   """A model's shapes that the rules read, from its file's metadata."""
   architecture: str
   n_heads: int
-  n_kv_heads: int
   kv_width: int          # the elements of keys and values one position holds in the cache, every kv head's
-  context_length: int
 
   @staticmethod
   def of(g: GGUFFile) -> "Shapes | None":
@@ -70,4 +69,4 @@ class Shapes:
     except GGUFError: return None
     latent = g.get(f"{g.architecture}.attention.kv_lora_rank")
     width = latent + cfg.rope_dims if isinstance(latent, int) else cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
-    return Shapes(g.architecture, cfg.n_heads, cfg.n_kv_heads, width, cfg.context_length)
+    return Shapes(g.architecture, cfg.n_heads, width)

@@ -19,7 +19,7 @@ from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
-from ops.cuda import gemm_mma, gemm_mma_applies
+from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
@@ -130,6 +130,7 @@ class _PackedWeight:
     _check_strategy(strategy)
     if rounding not in ROUNDINGS: raise ValueError(f"unknown activation rounding {rounding!r} (choose from {', '.join(ROUNDINGS)})")
     if prefill not in PREFILL_MATMULS: raise ValueError(f"unknown prefill matmul {prefill!r} (choose from {', '.join(PREFILL_MATMULS)})")
+    if gemm_kernel not in GEMMS: raise ValueError(f"unknown GEMM kernel {gemm_kernel!r} (choose from {', '.join(GEMMS)})")
     self.weight, self.bias, self.strategy, self.rounding, self.prefill, self.upcast = weight, bias, strategy, rounding, prefill, upcast
     self.gemm_kernel = gemm_kernel
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None

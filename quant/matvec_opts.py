@@ -158,6 +158,11 @@ def kernel_settings(row_upcast: int, tuned: dict[str, Sizes] | None = None, forc
   opts = MatvecOpts.of(row_upcast, tuned or {}, forced or forced_from_env()) if row_upcast else None
   return KernelSettings(opts, pdl, pdl and prefetch, beam, jit_batch_size, tensor_cores, graphs, programs=programs)
 
+def runtime_settings(h, programs: Any = None) -> KernelSettings:
+  """The kernel settings a model's runtime compiles with under hints `h` (profiles/hints.py Hints)."""
+  return kernel_settings(h.row_upcast, dict(h.matvec_sizes), None, h.pdl, h.pdl_prefetch, h.beam, h.jit_batch_size, h.tensor_cores, h.graphs,
+                         programs=programs)
+
 def kernel_shape(k: Scheduler) -> str:
   """A matvec kernel's key in tuned tables: its loop sizes before any opt, e.g. '2048x4x2x64x4' (rows,
   bytes, nibble planes, blocks, words of a Q4_0 packed_words matvec)."""

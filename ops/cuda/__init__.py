@@ -56,6 +56,9 @@ def gemm_mma_applies(a: Tensor, b: Tensor) -> bool:
   return (a.ndim == b.ndim == 2 and a.dtype == b.dtype == dtypes.float16 and all(isinstance(s, int) for s in (*a.shape, *b.shape))
           and a.shape[1] == b.shape[1] and a.shape[1] % GEMM_K_STEP == 0)
 
+def gemm_mma_source(name: str, m: int, n: int, k: int) -> str:
+  return source("gemm_mma.cu", name, M=m, N=n, K=k, BM=GEMM_TILE, BN=GEMM_TILE, BK=GEMM_K_STEP, THREADS=GEMM_THREADS)
+
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   """a [M, K] @ b [N, K].T -> [M, N] float32, both fp16 (where `gemm_mma_applies`), by gemm_mma.cu."""
   if not gemm_mma_applies(a, b):
@@ -64,6 +67,6 @@ def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   (m, k), n = a.shape, b.shape[0]
   name = f"r_gemm_mma_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / GEMM_TILE), 1)
-  code = source("gemm_mma.cu", name, M=m, N=n, K=k)
+  code = gemm_mma_source(name, m, n, k)
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
   return Tensor.custom_kernel(out, a.contiguous(), b.contiguous(), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]

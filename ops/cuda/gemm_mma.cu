@@ -3,11 +3,11 @@
 // K in steps of 32: both operands' tiles copied to shared memory by cp.async (two stages, the next step's copy in flight
 // while this one's products are summed), read into registers by ldmatrix and multiplied by mma.sync m16n8k16 with
 // float32 sums. Rows of A or B past M or N are read as zeros and their outputs not stored; K is a multiple of 32.
-// The host defines NAME, M, N and K.
+// The host defines NAME, M, N, K and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
 #include <cuda_fp16.h>
-#define BM 128
-#define BN 128
-#define BK 32
+#if BM != 128 || BN != 128 || BK != 32 || THREADS != 256
+#error "gemm_mma.cu is written for 128 x 128 tiles, K steps of 32 and 256 threads"
+#endif
 #define LDS (BK + 8)   // a tile row's halfs in shared memory: 80 bytes, so ldmatrix's eight rows meet no bank twice
 
 __device__ __forceinline__ void copy16(half* smem, const half* gmem, bool valid) {
@@ -20,7 +20,7 @@ __device__ __forceinline__ void ldmatrix4(unsigned* r0, unsigned* r1, unsigned* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(*r0), "=r"(*r1), "=r"(*r2), "=r"(*r3) : "r"(s));
 }
 
-extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ C, const half* __restrict__ A, const half* __restrict__ B) {
+extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C, const half* __restrict__ A, const half* __restrict__ B) {
   __shared__ __align__(128) half As[2][BM * LDS];
   __shared__ __align__(128) half Bs[2][BN * LDS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ C, co
   auto load = [&](int stage, int k0) {
     #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const int c = tid + i * 256, r = c >> 2, kc = (c & 3) * 8, gm = m0 + r, gn = n0 + r;
+      const int c = tid + i * THREADS, r = c >> 2, kc = (c & 3) * 8, gm = m0 + r, gn = n0 + r;
       copy16(&As[stage][r * LDS + kc], A + (size_t)(gm < M ? gm : M - 1) * K + k0 + kc, gm < M);
       copy16(&Bs[stage][r * LDS + kc], B + (size_t)(gn < N ? gn : N - 1) * K + k0 + kc, gn < N);
     }

@@ -13,7 +13,7 @@ from tinygrad.codegen.opt import OptOps
 from experiments import journal, named
 from experiments.bench import BenchConfig, bench
 from ops.kernels import CATEGORIES
-from experiments.profile import TOP, block_summary, profile_model, report
+from experiments.profile import TOP, block_summary, findings_text as profile_text, profile_model, report
 from models.catalog import synthesized
 from models.synth import synthesize
 from ops import patches
@@ -209,7 +209,8 @@ verdict: {metric: profile.moe_block_forms, variant: graphs, expect: same, agains
     f = r["profile"]
     assert f["kernels"] == r["metrics"]["kernels_per_token"] and f["moe_block_forms"] == 1 and len(f["moe_block_kernels"]) == 1
     assert f["experts_gbps"] > 0 and f["dense_gbps"] > 0 and 0 < f["kernel_ms"] and f["step_ms"] > 0 and len(f["top"]) == TOP
-    assert {b["blocks"] for b in f["block_forms"]} == {"blk.0", "2 blocks (blk.1, 2)"}   # the dense block, then the two MoE blocks
+    assert [b["blocks"] for b in f["block_forms"]] == [[0], [1, 2]]   # the dense block, then the two MoE blocks
+    assert "kernels per block: blk.0: " in profile_text(f) and ", 2 blocks (blk.1, 2): " in profile_text(f)
   assert [v for *_, v in report.verdicts(exp, records)] == [report.REPRODUCED]
   cross = named.Verdict("profile.experts_gbps", "alone", named.Expect.LOWER, 0.0, "profile.experts_gbps")
   assert report.judge(cross, None, records[1]) == report.NOT_REPRODUCED   # a metric against itself moves nowhere

@@ -50,6 +50,8 @@ variants:
   (GOOD + "verdict: {metric: tok_s, variant: base, expect: same, against: [1]}\n", "against must be a metric's name or a number"),
   (GOOD + "verdict: {metric: tok_s, variant: base, expect: equal, against: 1}\n", "expect must be higher, lower or same"),
   (GOOD + "profile: {replays: 3}\n", "profile: unknown key 'replays' \\(known: repeats\\)"),
+  (GOOD + "profile: {repeats: 0}\n", "profile: repeats must be at least 1, got 0"),
+  (GOOD + "profile: false\n", "profile: expected a mapping, got bool"),
 ])
 def test_bad_definitions_are_named(tmp_path: Path, text: str, message: str):
   defs = write(tmp_path, text)

@@ -100,3 +100,10 @@ variants:
   assert out.strip().splitlines()[-1].endswith("ran 1 (iso2); refused 0; failed 1 (iso: RuntimeError: no kernel for you)")
   assert "failed: iso: RuntimeError: no kernel for you\n" in err
   assert err.strip().splitlines()[-1] == "tinyzoo: error: 1 of the experiments failed: iso: RuntimeError: no kernel for you"
+
+def test_an_experiment_of_the_mma_gemm_is_refused_off_a_cuda_gpu():
+  """gpu-kernels needs a GPU, and its variant the hand-written GEMM, which runs on CUDA GPUs only: another GPU is refused
+  before the baseline runs, not halfway."""
+  exp = named.find("gpu-kernels")
+  assert named.unmet(exp, exp.model, lambda m: None, "CPU").startswith("gpu-kernels needs a GPU")
+  assert named.unmet(exp, exp.model, lambda m: None, "METAL") == "gpu-kernels: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not METAL"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
-from ops.cuda import KernelRefused, gemm_mma, gemm_mma_applies, mma_refusal, source
+from ops.cuda import KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, mma_refusal, source
 from quant.linear import gemm
 
 def _program_of(out: Tensor) -> UOp:
@@ -23,7 +23,13 @@ def test_a_programs_launch_sizes_reads_and_writes():
   assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_77x300x96", (3, 1, 1), (256, 1, 1))   # ceil(300/128), ceil(77/128)
   assert (info.outs, info.ins) == ((0,), (1, 2)) and prg.src[0].arg.estimates.ops == 2 * m * n * k
   code = prg.src[2].arg
-  assert code.startswith("#define NAME r_gemm_mma_77x300x96\n#define M 77\n#define N 300\n#define K 96\n") and "mma.sync" in code
+  assert code.startswith("#define NAME r_gemm_mma_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define BM 128\n") and "mma.sync" in code
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
+def test_the_gemm_source_refuses_a_tiling_it_is_not_written_for(tmp_path: Path):
+  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=64, N=64, K=64, BM=64, BN=128, BK=32, THREADS=256))
+  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
+  assert r.returncode != 0 and "written for 128 x 128 tiles" in r.stderr
 
 @pytest.mark.parametrize("a, b, why", [
   ((64, 100), (32, 100), "K a multiple of 32"),                       # K = 100
@@ -56,7 +62,7 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
 @pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 3072, 2048)])
 def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int):
-  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=m, N=n, K=k))
+  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
 

@@ -106,9 +106,9 @@ def test_hints_command(tmp_path: Path, monkeypatch, capsys):
   assert main(["hints", str(model)]) == 0
   out = capsys.readouterr().out
   assert "act_break       False                  manifest" in out and "on CPU, int8 dot products: none:" in out
-  monkeypatch.setattr("profiles.device.this_machine", lambda device=None: Machine("CPU", cpu_simd="avx2"))
+  monkeypatch.setattr("profiles.device.this_machine", lambda device=None: Machine("CPU", cpu_simd="avx_vnni"))
   assert main(["hints", str(model)]) == 0
-  assert "strategy        int8_dot               heuristic the CPU has avx2 int8 dot products (quant/int8_cpu.py). " in capsys.readouterr().out
+  assert "strategy        int8_dot               heuristic the CPU has avx_vnni int8 dot products (quant/int8_cpu.py). " in capsys.readouterr().out
   monkeypatch.setenv("TINYZOO_HINTS", "act_break=perhaps")
   assert main(["hints", str(model)]) == 1
   assert capsys.readouterr().err.strip() == "tinyzoo: error: TINYZOO_HINTS: hint act_break: 'perhaps' is not true or false"

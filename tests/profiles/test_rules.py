@@ -18,7 +18,7 @@ def preset_shapes(name: str) -> Shapes:
   """A real model's shapes from its synthetic preset's definition (models/synth.py), no file written."""
   p = PRESETS[name]
   width = p.mla.kv_lora_rank + p.mla.rope_dim if p.mla else p.n_kv_heads * 2 * p.head_dim
-  return Shapes(p.arch, p.n_heads, p.n_kv_heads, width, p.context_length)
+  return Shapes(p.arch, p.n_heads, width)
 
 def test_a_rules_value_is_named_heuristic_with_its_reason():
   h = resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b"))
@@ -29,15 +29,16 @@ def test_a_rules_value_is_named_heuristic_with_its_reason():
   # a source above the rule wins, and a runtime value drops its reason
   assert resolve({"split_kv": 0}, machine=H200, shapes=preset_shapes("qwen3-0.6b")).sources["split_kv"] == "runtime"
   assert "split_kv" not in resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b")).with_runtime(split_kv=1).reasons
-  # where no rule applies: the default (no machine given; the CPU splits no cache; a CPU without AVX2 keeps packed_dot)
+  # where no rule applies: the default (no machine given; the CPU splits no cache; a CPU without VNNI keeps packed_dot)
   assert resolve().sources["strategy"] == "default" and resolve(machine=VNNI, shapes=preset_shapes("qwen3-0.6b")).split_kv == 0
-  assert resolve(machine=Machine("CPU")).strategy == "packed_dot"
+  assert resolve(machine=Machine("CPU")).strategy == resolve(machine=AVX2).strategy == "packed_dot"
+  assert resolve(machine=Machine("CPU", cpu_simd="avx_vnni")).strategy == "int8_dot"
 
 def test_a_new_architecture_takes_the_value_of_an_old_one_of_the_same_shapes():
   """qwen3 has no entry in any profile: its split comes from its shapes alone, as llama's would at the same shapes; both
   tiny presets are split on a GPU, from their files' metadata, and neither on the CPU."""
   qwen3 = preset_shapes("qwen3-0.6b")
-  llama_like = Shapes("llama", qwen3.n_heads, qwen3.n_kv_heads, qwen3.kv_width, 131072)
+  llama_like = Shapes("llama", qwen3.n_heads, qwen3.kv_width)
   assert resolve(machine=H200, shapes=qwen3).split_kv == resolve(machine=H200, shapes=llama_like).split_kv
   for name in ("qwen3-0.6b-tiny", "llama3.2-1b-tiny"):
     path = synthesized(name)
@@ -82,4 +83,4 @@ def test_this_machine_is_described_by_what_decides_hints():
   m = this_machine("CPU")
   assert m == Machine("CPU", cpu_simd=simd_path()) and m.on_cpu and device.machine_key(m) == ({"cpu_simd": m.cpu_simd} if m.cpu_simd else {})
   assert H200.describe() == "CUDA, compute capability 9.0, 132 multiprocessors" and not H200.on_cpu
-  assert Machine("CPU").describe() == "CPU, int8 dot products: none"
+  assert Machine("CPU").describe() == "CPU, int8 dot products: none" and Machine("METAL").describe() == "METAL"
