@@ -85,7 +85,7 @@ def _int8_where_cpu_dots(m: Machine, shapes: Shapes | None) -> tuple[str, str] |
   return None
 
 # the cache elements a split-KV part holds, about: the parts tuned on the H100 (4 chunks for llama's and gpt-oss's 1,024
-# elements a position, 8 for gemma3's 512 and deepseek2's 576) are 2^18 within 40%
+# elements a position, 8 for gemma3's 512 and deepseek2's 576) are 2^18 give or take two fifths
 SPLIT_PART_ELEMENTS = 1 << 18
 
 def _split_on_gpus(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:

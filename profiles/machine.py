@@ -62,11 +62,14 @@ class Shapes:
 
   @staticmethod
   def of(g: GGUFFile) -> "Shapes | None":
-    """The file's shapes, None where its metadata does not give them. A latent attention's cache (DeepSeek-style MLA)
-    holds one latent row and its rotated part a position; any other's every kv head's key and value."""
-    from models.config import ModelConfig
-    try: cfg = ModelConfig.from_gguf(g)
+    """The file's shapes, read from its metadata as models/config.py reads them; None where it does not give them. A
+    latent attention's cache (DeepSeek-style MLA) holds one latent row and its rotated part a position; any other's
+    every kv head's key and value."""
+    arch = g.architecture
+    opt = lambda name, default=None: g.get(f"{arch}.{name}", default)
+    try: dim, n_heads = g.require(f"{arch}.embedding_length"), g.require(f"{arch}.attention.head_count")
     except GGUFError: return None
-    latent = g.get(f"{g.architecture}.attention.kv_lora_rank")
-    width = latent + cfg.rope_dims if isinstance(latent, int) else cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
-    return Shapes(g.architecture, cfg.n_heads, width)
+    key_dim = opt("attention.key_length", dim // n_heads)
+    if isinstance(latent := opt("attention.kv_lora_rank"), int): width = latent + opt("rope.dimension_count", key_dim)
+    else: width = opt("attention.head_count_kv", n_heads) * (key_dim + opt("attention.value_length", key_dim))
+    return Shapes(arch, n_heads, width)
