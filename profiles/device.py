@@ -191,17 +191,20 @@ def device_profile(device: str | None = None, folder: Path | None = None, machin
   """The profile of this device (or the one named `device`; in `folder`, default profiles/), over the one it is based on,
   and its path; an empty one and None without one, or where it was tuned on a machine that differs from `machine`
   (default: this one, for this device's profile) in what it is keyed by (`not_applied`)."""
-  path = profile_path(device or device_name(), folder)
-  if not path.exists() or not_applied(device, folder, machine) is not None: return _empty(), None
-  return _merged(path), path
+  if not (path := profile_path(device or device_name(), folder)).exists(): return _empty(), None
+  found = _merged(path)
+  return (_empty(), None) if _mismatch(path, found, device, machine) is not None else (found, path)
 
 def not_applied(device: str | None = None, folder: Path | None = None, machine: Machine | None = None) -> str | None:
   """Why the profile of this device (or of `device`) is not applied on `machine` (default: this one, for this device's
-  profile; a named device's is checked only against a machine given): the first feature its `machine:` names that the
-  machine has otherwise; None where it applies or there is none."""
+  profile; a named device's is checked only against a machine given); None where it applies or there is none."""
   if not (path := profile_path(device or device_name(), folder)).exists(): return None
+  return _mismatch(path, _merged(path), device, machine)
+
+def _mismatch(path: Path, profile: dict, device: str | None, machine: Machine | None) -> str | None:
+  """The first feature the profile's `machine:` names that the machine has otherwise, said in a line; None where none."""
   if (machine := machine or (this_machine() if device is None else None)) is None: return None
-  for key, tuned in _merged(path)["machine"].items():
+  for key, tuned in profile["machine"].items():
     if str(have := getattr(machine, key)) != tuned:
       return f"{path.name} was tuned where {key} is {tuned}, this machine's is {have if have is not None else 'none'}"
   return None

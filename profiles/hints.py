@@ -79,8 +79,8 @@ VNNI = ("avx512_vnni", "avx_vnni")   # quant/int8_cpu.py's paths of a dot-produc
 
 def _int8_where_cpu_dots(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
   """int8_dot on a CPU with VNNI's int8 dot products: activations quantized to 8 bits once, 32 products summed in
-  integers an instruction (llama.cpp's CPU path), where float dot products over the unpacked weights took 2.5 times as
-  long on an AVX-512 EPYC. AVX2 alone keeps the default: the EPYC tuned without AVX-512 chose packed_dot."""
+  integers an instruction (llama.cpp's CPU path), where float dot products over the unpacked weights take longer. AVX2
+  alone keeps the default, which a tune on such a CPU chose (the journal has both)."""
   if m.on_cpu and m.cpu_simd in VNNI: return "int8_dot", f"the CPU has {m.cpu_simd} int8 dot products (quant/int8_cpu.py)"
   return None
 
