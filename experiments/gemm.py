@@ -22,7 +22,7 @@ from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
 from ops.routing import ExpertGroups
 from profiles.device import resolve_hints
-from quant.linear import QuantExperts, QuantLinear
+from quant.linear import QuantExperts, QuantLinear, StrategyPlan
 from quant.matvec_opts import runtime_settings
 
 # a GEMM's largest error, relative to its output's largest value, that counts as correct: fp16 weights and inputs summed
@@ -81,9 +81,10 @@ def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
 
 Measured = tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]   # the step, its input, the float64 answer, its products
 
-def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str) -> Measured:
-  """A dense weight's chunk GEMM under `kernel`: the step, its input, the float64 answer and its products."""
-  lin = QuantLinear(g.load(shape.tensor), prefill="half", gemm_kernel=kernel)
+def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy: StrategyPlan) -> Measured:
+  """A dense weight's chunk GEMM under `kernel`, the weight read as the model's strategy keeps it (gemm mma decodes the
+  words of packed_words itself): the step, its input, the float64 answer and its products."""
+  lin = QuantLinear(w := g.load(shape.tensor), strategy=strategy.for_weight(shape.tensor, w.ggml_type), prefill="half", gemm_kernel=kernel)
   return lin.gemm_of, Tensor(x).realize(), x.astype(np.float64) @ _float64_weights(g, shape).T, 2 * x.shape[0] * shape.n * shape.k
 
 def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Generator, tile: int) -> Measured:
@@ -116,19 +117,21 @@ def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], ite
   g, rng, hints = GGUFFile(path), np.random.default_rng(seed), resolve_hints(path, {})
   patches.install()
   with runtime_settings(hints):
-    yield from _bench(g, path, name, rows, kernels, iters, rng, hints.expert_tile)
+    yield from _bench(g, path, name, rows, kernels, iters, rng, hints.expert_tile, StrategyPlan.parse(hints.strategy))
 
-def _bench(g: GGUFFile, path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, rng: np.random.Generator, tile: int):
+def _bench(g: GGUFFile, path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, rng: np.random.Generator, tile: int,
+           strategy: StrategyPlan):
   for shape in gemm_shapes(g):
     # inputs that fp16 holds exactly: the error is the kernel's and the weights' fp16 rounding, not the input's
     x = rng.standard_normal((rows, shape.k)).astype(np.float16).astype(np.float32)
     cublas = None if shape.experts else _cublas_tflops(g.load(shape.tensor).dequantize(), x, iters)
+    read_as = strategy.for_weight(shape.tensor, g.tensors[shape.tensor].ggml_type)
     for kernel in kernels_of(shape, kernels):
-      step, xt, want, flops = _grouped(g, shape, x, rng, tile) if shape.experts else _dense(g, shape, x, kernel)
+      step, xt, want, flops = _grouped(g, shape, x, rng, tile) if shape.experts else _dense(g, shape, x, kernel, strategy)
       err = float(np.abs(step(xt).numpy() - want).max() / max(np.abs(want).max(), 1e-30))
       m = steady_state(step, xt, iters=iters)
       yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
-             "ggml_type": shape.ggml_type, "switches": {"gemm": kernel, "prefill": "half"},
+             "ggml_type": shape.ggml_type, "switches": {"gemm": kernel, "prefill": "half", "strategy": read_as},
              "metrics": {"rows": rows, "n": shape.n, "k": shape.k, "experts": shape.experts, "kernels": m.kernels, "ms": round(m.median_ms, 4),
                          "tflops": float(f"{flops / (m.median_ms * 1e-3) / 1e12:.4g}"), "rel_err": err, "correct": err <= GEMM_TOLERANCE,
                          "iters": iters},

@@ -3,7 +3,6 @@
 
 A CPU is described by the int8 dot-product instructions its kernels can use (quant/int8_cpu.py's paths: avx512_vnni,
 avx_vnni, avx2, or none), a CUDA GPU by its compute capability and its multiprocessor count."""
-import ctypes
 import functools
 from dataclasses import dataclass
 from tinygrad import Device
@@ -30,15 +29,9 @@ PROFILE_KEYS = ("cpu_simd", "compute_capability")
 
 def _cuda(device: str) -> tuple[str | None, int | None]:
   """The compute capability and the multiprocessor count of tinygrad's CUDA device, from its driver."""
-  from ops.cuda import capability
+  from ops.cuda import capability, multiprocessors
   cc = capability(device)
-  try:
-    from tinygrad.runtime.autogen import cuda
-    count = ctypes.c_int()
-    attr = cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    sms = count.value if cuda.cuDeviceGetAttribute(ctypes.byref(count), attr, Device[device].cu_device) == 0 else None
-  except (AttributeError, ImportError, OSError): sms = None
-  return (None if cc is None else f"{cc[0]}.{cc[1]}"), sms
+  return (None if cc is None else f"{cc[0]}.{cc[1]}"), multiprocessors(device)
 
 @functools.cache
 def this_machine(device: str | None = None) -> Machine:

@@ -19,7 +19,7 @@ from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
-from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies
+from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies, gemm_mma_words, gemm_mma_words_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
@@ -151,9 +151,20 @@ class _PackedWeight:
     return dtypes.float32 if self.weight.ggml_type == GGMLQuantizationType.F32 else gemm_dtype(self.prefill)
 
   def gemm_of(self, x: Tensor) -> Tensor:
-    """x @ W.T as a prefill GEMM (gemm()) of the dequantized weights, x rounded as the activations are, whatever its rows."""
-    return gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), self._gemm_dtype(), self.upcast,
-                self.gemm_kernel)
+    """x @ W.T as a prefill GEMM, x rounded as the activations are, whatever its rows: gemm mma reading the words
+    themselves where it takes them (`_words_gemm`), else gemm() of the dequantized weights."""
+    x = round_activations(x, self.weight.ggml_type, self.rounding)
+    if (y := self._words_gemm(x)) is not None: return y
+    return gemm(self._float_weights(), x, self._gemm_dtype(), self.upcast, self.gemm_kernel)
+
+  def _words_gemm(self, x: Tensor) -> Tensor | None:
+    """The GEMM of gemm mma decoding one matrix's words as it loads them (ops/cuda: gemm_mma_words), with no pass of its
+    own writing the weights out in fp16; None where it does not take this weight (another kernel or format, several
+    matrices, a sum rounded to half)."""
+    if self.gemm_kernel != "mma" or self.words is None or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
+    a = x.reshape(-1, x.shape[-1]).cast(dtypes.float16)
+    if not gemm_mma_words_applies(a, self.weight.ggml_type.name, self.words.words, self.words.d): return None
+    return gemm_mma_words(a, self.weight.ggml_type.name, self.words.words, self.words.d).reshape(*x.shape[:-1], self.weight.shape[-2])
 
   def transposed_gemm_of(self, x: Tensor) -> Tensor:
     """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""

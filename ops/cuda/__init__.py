@@ -6,6 +6,8 @@ and `tinyzoo profile` attributes it by the buffers it reads. A store to the outp
 rendered, tell the scheduler what it writes and reads; the launch sizes are given the same way, as the grid and block
 indices (SPECIAL) tinygrad would have rendered. Which kernel a matmul takes is a hint (`gemm`); tinygrad's kernel stays
 the reference each one is tested against."""
+import ctypes
+import functools
 import math
 from pathlib import Path
 from tinygrad import Tensor, dtypes
@@ -28,8 +30,7 @@ def program(name: str, code: str, grid: tuple[int, int, int], block: tuple[int, 
   def make(*params: UOp) -> UOp:
     out, *ins = [p.flatten() for p in params]
     first = UOp.const(0, dtypes.int)
-    sizes = [UOp(Ops.SPECIAL, dtypes.int, (UOp.const(n, dtypes.int),), f"{kind}idx{i}")
-             for kind, dims in (("g", grid), ("l", block)) for i, n in enumerate(dims)]
+    sizes = [UOp.special(n, f"{kind}idx{i}") for kind, dims in (("g", grid), ("l", block)) for i, n in enumerate(dims)]
     read = sum((b.index(first).load().cast(dtypes.float32) for b in ins), sum(s.cast(dtypes.float32) for s in sizes))
     nbytes = sum(p.dtype.itemsize * math.prod(p.shape) for p in params)
     info = KernelInfo(name=name, estimates=Estimates(ops=flops, lds=nbytes, mem=nbytes))
@@ -43,6 +44,18 @@ def capability(device: str) -> tuple[int, int] | None:
   arch = str(getattr(Device[device], "arch", ""))
   return (int(arch[3:-1]), int(arch[-1])) if arch.startswith("sm_") else None
 
+@functools.cache
+def multiprocessors(device: str) -> int | None:
+  """A CUDA device's streaming multiprocessors, from its driver; None for another backend or where it does not say."""
+  if capability(device) is None: return None
+  try:
+    from tinygrad import Device
+    from tinygrad.runtime.autogen import cuda
+    count = ctypes.c_int()
+    ok = cuda.cuDeviceGetAttribute(ctypes.byref(count), cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, Device[device].cu_device) == 0
+  except (AttributeError, ImportError, OSError): return None
+  return count.value if ok else None
+
 def mma_refusal(device: str) -> str | None:
   """Why gemm_mma cannot run on `device`, in one line; None where it can."""
   if (cc := capability(device)) is None: return f"gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not {device}"
@@ -50,23 +63,51 @@ def mma_refusal(device: str) -> str | None:
   return None
 
 GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
+# the packed weights gemm_mma reads as they are stored (quant/words.py's word layout): GGML type name -> its WEIGHTS
+# in gemm_mma.cu; 0 is fp16 weights
+GEMM_WORD_TYPES = {"Q4_0": 1, "Q8_0": 2, "MXFP4": 3}
+
+def _fixed(*ts: Tensor) -> bool: return all(isinstance(s, int) for t in ts for s in t.shape)
 
 def gemm_mma_applies(a: Tensor, b: Tensor) -> bool:
   """Whether gemm_mma computes a @ b.T: two fp16 matrices of fixed shapes sharing K, a multiple of its K step."""
-  return (a.ndim == b.ndim == 2 and a.dtype == b.dtype == dtypes.float16 and all(isinstance(s, int) for s in (*a.shape, *b.shape))
+  return (a.ndim == b.ndim == 2 and a.dtype == b.dtype == dtypes.float16 and _fixed(a, b)
           and a.shape[1] == b.shape[1] and a.shape[1] % GEMM_K_STEP == 0)
 
-def gemm_mma_source(name: str, m: int, n: int, k: int) -> str:
-  return source("gemm_mma.cu", name, M=m, N=n, K=k, BM=GEMM_TILE, BN=GEMM_TILE, BK=GEMM_K_STEP, THREADS=GEMM_THREADS)
+def gemm_tile_rows(m: int, n: int, sms: int | None) -> int:
+  """A tile's rows: 128, or 64 where 128-row tiles would be fewer than the GPU's multiprocessors (a short or narrow GEMM)."""
+  return 64 if sms is not None and math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) < sms else GEMM_TILE
+
+def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_rows: int = GEMM_TILE) -> str:
+  return source("gemm_mma.cu", name, M=m, N=n, K=k, WEIGHTS=weights, BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP, THREADS=GEMM_THREADS)
+
+def _gemm(a: Tensor, n: int, weights: int, *w: Tensor) -> Tensor:
+  (m, k), sms = a.shape, multiprocessors(a.device)
+  bm = gemm_tile_rows(m, n, sms)
+  kind = "f16" if weights == 0 else next(t for t, v in GEMM_WORD_TYPES.items() if v == weights).lower()
+  name = f"r_gemm_mma_{kind}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
+  grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
+  code = gemm_mma_source(name, m, n, k, weights, bm)
+  out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
+  return Tensor.custom_kernel(out, a.contiguous(), *(t.contiguous() for t in w),
+                              fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
 
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   """a [M, K] @ b [N, K].T -> [M, N] float32, both fp16 (where `gemm_mma_applies`), by gemm_mma.cu."""
   if not gemm_mma_applies(a, b):
     raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: "
                         f"{a.shape} {a.dtype}, {b.shape} {b.dtype}")
-  (m, k), n = a.shape, b.shape[0]
-  name = f"r_gemm_mma_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
-  grid = (math.ceil(n / GEMM_TILE), math.ceil(m / GEMM_TILE), 1)
-  code = gemm_mma_source(name, m, n, k)
-  out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
-  return Tensor.custom_kernel(out, a.contiguous(), b.contiguous(), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
+  return _gemm(a, b.shape[0], 0, b)
+
+def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor) -> bool:
+  """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block]."""
+  return (ggml_type in GEMM_WORD_TYPES and a.ndim == 2 and a.dtype == dtypes.float16 and words.ndim == 3 and _fixed(a, words)
+          and words.shape[1] * 32 == a.shape[1] and scales.shape == words.shape[:2])
+
+def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor) -> Tensor:
+  """a [M, K] (fp16) @ W.T -> [M, N] float32, W one matrix of a 32-element block format in quant/words.py's word layout
+  (words uint32 [N, K/32, words a block], scales [N, K/32]: fp16, or MXFP4's E8M0 bytes), decoded inside the GEMM."""
+  if not gemm_mma_words_applies(a, ggml_type, words, scales):
+    raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes: "
+                        f"{ggml_type} {words.shape}, {a.shape} {a.dtype}")
+  return _gemm(a, words.shape[0], GEMM_WORD_TYPES[ggml_type], words, scales)

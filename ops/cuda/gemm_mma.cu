@@ -1,16 +1,31 @@
-// C[M, N] (float32) = A[M, K] . B[N, K]^T, A and B fp16 row-major (K contiguous in both): a prompt chunk's rows against
-// a weight's dequantized rows. A block of 256 threads computes a 128 x 128 tile of C, eight warps of 64 x 32 each, over
-// K in steps of 32: both operands' tiles copied to shared memory by cp.async (two stages, the next step's copy in flight
-// while this one's products are summed), read into registers by ldmatrix and multiplied by mma.sync m16n8k16 with
-// float32 sums. Rows of A or B past M or N are read as zeros and their outputs not stored; K is a multiple of 32.
-// The host defines NAME, M, N, K and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
+// C[M, N] (float32) = A[M, K] . W[N, K]^T: a prompt chunk's rows (fp16, row-major) against a weight's rows read as they
+// are stored: fp16 (WEIGHTS 0), or the word layout of a 32-element block format (quant/words.py: a block's quants as
+// 32-bit words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), dequantized to fp16 on their way into shared memory,
+// so that no pass of its own writes the weights out in fp16 first.
+// A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle), eight warps of
+// BM/2 x 32 each, over K in steps of 32 (one quant block): A's tiles (and fp16 W's) copied to shared memory by cp.async
+// three steps deep; packed W's words loaded into registers two steps ahead and decoded into a shared tile one step
+// ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
+// zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
+// The host defines NAME, M, N, K, WEIGHTS and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
 #include <cuda_fp16.h>
-#if BM != 128 || BN != 128 || BK != 32 || THREADS != 256
-#error "gemm_mma.cu is written for 128 x 128 tiles, K steps of 32 and 256 threads"
+#if (BM != 128 && BM != 64) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 3
+#error "gemm_mma.cu is written for tiles of 128 or 64 x 128, K steps of 32, 256 threads and weights 0-3"
 #endif
-#define LDS (BK + 8)   // a tile row's halfs in shared memory: 80 bytes, so ldmatrix's eight rows meet no bank twice
+#define MI (BM / 32)      // a warp's 16-row fragments of A
+#define STAGES 3          // cp.async stages of A (and of fp16 W)
+#define BLOCKS (K / 32)   // a packed row's blocks
+#if WEIGHTS == 2
+#define WORDS 8           // a Q8_0 block's 32 bytes
+#else
+#define WORDS 4           // a 4-bit block's 16 bytes
+#endif
 
-__device__ __forceinline__ void copy16(half* smem, const half* gmem, bool valid) {
+// a shared tile's rows are BK halfs, four 16-byte chunks; chunk c of row r lies at chunk c ^ ((r / 2) % 4), so that the
+// eight rows ldmatrix reads at one chunk, and cp.async's stores, meet no bank twice
+__device__ __forceinline__ int at(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 3); }
+
+__device__ __forceinline__ void copy16(half* smem, const void* gmem, bool valid) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
@@ -20,75 +35,176 @@ __device__ __forceinline__ void ldmatrix4(unsigned* r0, unsigned* r1, unsigned* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(*r0), "=r"(*r1), "=r"(*r2), "=r"(*r3) : "r"(s));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C, const half* __restrict__ A, const half* __restrict__ B) {
-  __shared__ __align__(128) half As[2][BM * LDS];
-  __shared__ __align__(128) half Bs[2][BN * LDS];
+#if WEIGHTS
+// two quants of a word's bytes k and k+1 (k = 0 or 2), `shift` bits up in each byte and 4 or 8 bits wide, as a half2
+// of their values before the block's scale; `scale`: the block's, as a half2
+__device__ __forceinline__ unsigned decode2(unsigned w, int k, int shift, __half2 scale) {
+  unsigned q = __byte_perm(w >> shift, 0, k == 0 ? 0x4140 : 0x4342);   // bytes k, k+1 in the low bytes of 16-bit lanes
+#if WEIGHTS == 3
+  // E2M1: its magnitude bits in an fp16's exponent and mantissa are its value times 2^-14, subnormals included; sign apart
+  unsigned bits = ((q & 0x00070007u) << 9) | ((q & 0x00080008u) << 12);
+  __half2 v = *reinterpret_cast<__half2*>(&bits);
+#else
+  // 1024 + u exactly as an fp16 (u in its low mantissa bits), less 1024 and the format's offset, both exact: u is a
+  // Q4_0 quant (offset 8) or a Q8_0 int8 with its sign bit flipped (q + 128)
+#if WEIGHTS == 2
+  unsigned bits = ((q & 0x00FF00FFu) ^ 0x00800080u) | 0x64006400u;
+#else
+  unsigned bits = (q & 0x000F000Fu) | 0x64006400u;
+#endif
+  __half2 v = __hsub2(*reinterpret_cast<__half2*>(&bits), __float2half2_rn(WEIGHTS == 2 ? 1152.f : 1032.f));
+#endif
+  v = __hmul2(v, scale);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C, const half* __restrict__ A,
+#if WEIGHTS == 0
+                                                         const half* __restrict__ W
+#elif WEIGHTS == 3
+                                                         const unsigned* __restrict__ Wq, const unsigned char* __restrict__ We
+#else
+                                                         const unsigned* __restrict__ Wq, const half* __restrict__ Wd
+#endif
+                                                         ) {
+  __shared__ __align__(128) half As[STAGES][BM * BK];
+#if WEIGHTS == 0
+  __shared__ __align__(128) half Bs[STAGES][BN * BK];
+#else
+  __shared__ __align__(128) half Bs[2][BN * BK];
+#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;   // this warp's corner in the tile: 2 x 4 warps
+  const int wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32;   // this warp's corner in the tile: 2 x 4 warps
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-  float acc[4][4][4];
+  float acc[MI][4][4];
   #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < MI; i++)
     #pragma unroll
     for (int j = 0; j < 4; j++)
       #pragma unroll
       for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
 
-  // one step's tiles: 128 rows of 32 halfs each for A and B, four 16-byte copies a row, two of each a thread
-  auto load = [&](int stage, int k0) {
+  // one step's copies by cp.async: BM rows of A (and 128 of fp16 W), four 16-byte chunks a row
+  auto copy = [&](int stage, int step) {
+    const int k0 = step * BK;
     #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int c = tid + i * THREADS, r = c >> 2, kc = (c & 3) * 8, gm = m0 + r, gn = n0 + r;
-      copy16(&As[stage][r * LDS + kc], A + (size_t)(gm < M ? gm : M - 1) * K + k0 + kc, gm < M);
-      copy16(&Bs[stage][r * LDS + kc], B + (size_t)(gn < N ? gn : N - 1) * K + k0 + kc, gn < N);
+    for (int i = 0; i < BM * 4 / THREADS; i++) {
+      const int c = tid + i * THREADS, r = c >> 2, gm = m0 + r;
+      copy16(&As[stage][at(r, c & 3)], A + (size_t)(gm < M ? gm : M - 1) * K + k0 + (c & 3) * 8, gm < M);
     }
+#if WEIGHTS == 0
+    #pragma unroll
+    for (int i = 0; i < BN * 4 / THREADS; i++) {
+      const int c = tid + i * THREADS, r = c >> 2, gn = n0 + r;
+      copy16(&Bs[stage][at(r, c & 3)], W + (size_t)(gn < N ? gn : N - 1) * K + k0 + (c & 3) * 8, gn < N);
+    }
+#endif
     asm volatile("cp.async.commit_group;\n" ::);
   };
 
+#if WEIGHTS
+  // packed W: two threads a row, each half of the row's block in this step (rows past N repeat the last one)
+  const int wr = tid >> 1, wh = tid & 1, gn = n0 + wr < N ? n0 + wr : N - 1;
+  uint4 q;        // the words of the step being fetched
+  __half2 scale;  // and its block's scale
+  auto fetch = [&](int step) {
+    const unsigned* words = Wq + ((size_t)gn * BLOCKS + step) * WORDS;
+#if WEIGHTS == 2
+    q = *reinterpret_cast<const uint4*>(words + 4 * wh);   // bytes 16h..16h+15: elements 16h..16h+15
+    scale = __half2half2(Wd[(size_t)gn * BLOCKS + step]);
+#else
+    const uint2 w2 = *reinterpret_cast<const uint2*>(words + 2 * wh);   // bytes 8h..8h+7: elements 8h.. (low), 16+8h.. (high)
+    q.x = w2.x; q.y = w2.y;
+#if WEIGHTS == 3
+    scale = __float2half2_rn(ldexpf(1.f, (int)We[(size_t)gn * BLOCKS + step] - 113));   // 2^(e-127) less E2M1's 2^-14
+#else
+    scale = __half2half2(Wd[(size_t)gn * BLOCKS + step]);
+#endif
+#endif
+  };
+  // the fetched words decoded into stage `stage` of W's shared tile: two 16-byte chunks a thread
+  auto decode = [&](int stage) {
+    uint4 lo, hi;
+#if WEIGHTS == 2
+    lo = make_uint4(decode2(q.x, 0, 0, scale), decode2(q.x, 2, 0, scale), decode2(q.y, 0, 0, scale), decode2(q.y, 2, 0, scale));
+    hi = make_uint4(decode2(q.z, 0, 0, scale), decode2(q.z, 2, 0, scale), decode2(q.w, 0, 0, scale), decode2(q.w, 2, 0, scale));
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
+#else
+    lo = make_uint4(decode2(q.x, 0, 0, scale), decode2(q.x, 2, 0, scale), decode2(q.y, 0, 0, scale), decode2(q.y, 2, 0, scale));
+    hi = make_uint4(decode2(q.x, 0, 4, scale), decode2(q.x, 2, 4, scale), decode2(q.y, 0, 4, scale), decode2(q.y, 2, 4, scale));
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, wh)]) = lo;
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 + wh)]) = hi;
+#endif
+  };
+#endif
+
   const int steps = K / BK;
-  load(0, 0);
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < steps) copy(s, s);
+    else asm volatile("cp.async.commit_group;\n" ::);
+  }
+#if WEIGHTS
+  fetch(0);
+  decode(0);
+  if (steps > 1) fetch(1);
+#endif
   for (int t = 0; t < steps; t++) {
-    if (t + 1 < steps) {
-      load((t + 1) & 1, (t + 1) * BK);
-      asm volatile("cp.async.wait_group 1;\n" ::);
-    } else asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    const half* as = As[t & 1];
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+    __syncthreads();   // step t's tiles are in; every warp is past step t-1, whose stage the next copy takes
+    if (t + STAGES - 1 < steps) copy((t + STAGES - 1) % STAGES, t + STAGES - 1);
+    else asm volatile("cp.async.commit_group;\n" ::);
+    const half* as = As[t % STAGES];
+#if WEIGHTS == 0
+    const half* bs = Bs[t % STAGES];
+#else
     const half* bs = Bs[t & 1];
+#endif
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      unsigned a[4][4], b[4][2];
-      // A's 16 x 16 fragments: lanes 0-15 give rows 0-15 at k 0, lanes 16-31 the same rows at k 8
+    for (int kk = 0; kk < BK / 8; kk += 2) {   // two chunks (16 of K) a product
+      unsigned a[MI][4], b[4][2];
+      // A's 16 x 16 fragments: lanes 0-15 give rows 0-15 at the first chunk, lanes 16-31 the same rows at the second
       #pragma unroll
-      for (int i = 0; i < 4; i++)
-        ldmatrix4(&a[i][0], &a[i][1], &a[i][2], &a[i][3], as + (wm + i * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
-      // B's 16 x 8 fragments two at a time: lanes 0-7 rows (n) 0-7 at k 0, 8-15 at k 8, 16-31 likewise for rows 8-15
+      for (int i = 0; i < MI; i++)
+        ldmatrix4(&a[i][0], &a[i][1], &a[i][2], &a[i][3], as + at(wm + i * 16 + (lane & 15), kk + (lane >> 4)));
+      // W's 16 x 8 fragments two at a time: lanes 0-7 rows (n) 0-7 at the first chunk, 8-15 at the second, 16-31 rows 8-15
       #pragma unroll
       for (int j = 0; j < 4; j += 2)
         ldmatrix4(&b[j][0], &b[j][1], &b[j + 1][0], &b[j + 1][1],
-                  bs + (wn + j * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
+                  bs + at(wn + j * 8 + (lane & 7) + (lane >> 4) * 8, kk + ((lane >> 3) & 1)));
       #pragma unroll
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < MI; i++)
         #pragma unroll
         for (int j = 0; j < 4; j++)
           asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
                        : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
     }
-    __syncthreads();   // this stage's tiles are overwritten by the copy two steps on
+#if WEIGHTS
+    // step t+1's words into the stage step t-1 read (every warp is past it), then step t+2's fetched
+    if (t + 1 < steps) {
+      decode((t + 1) & 1);
+      if (t + 2 < steps) fetch(t + 2);
+    }
+#endif
   }
   // each thread's sums: rows lane / 4 and 8 below it, columns two from (lane % 4) * 2, of every 16 x 8 fragment
   #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < MI; i++)
     #pragma unroll
     for (int j = 0; j < 4; j++) {
       const int row = m0 + wm + i * 16 + (lane >> 2), col = n0 + wn + j * 8 + (lane & 3) * 2;
       #pragma unroll
       for (int h = 0; h < 2; h++) {
-        if (row + 8 * h >= M) continue;
+        if (row + 8 * h >= M || col >= N) continue;
         float* out = C + (size_t)(row + 8 * h) * N + col;
-        if (col < N) out[0] = acc[i][j][2 * h];
-        if (col + 1 < N) out[1] = acc[i][j][2 * h + 1];
+        if (N % 2 == 0) *reinterpret_cast<float2*>(out) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        else {
+          out[0] = acc[i][j][2 * h];
+          if (col + 1 < N) out[1] = acc[i][j][2 * h + 1];
+        }
       }
     }
 }

@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
-from ops.cuda import KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, mma_refusal, source
-from quant.linear import gemm
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+from ops.cuda import GEMM_WORD_TYPES, KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
+  gemm_tile_rows, mma_refusal, source
+from quant.linear import QuantLinear, gemm
+from quant.qtensor import QTensor
+from quant.random_blocks import random_blocks
+from quant.words import WordBlocks
+
+on_gpu = pytest.mark.skipif(Device.DEFAULT != "CUDA" or mma_refusal("CUDA") is not None, reason="runs gemm_mma on a CUDA GPU")
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
 
 def _program_of(out: Tensor) -> UOp:
   (prg,) = [u for u in out.uop.toposort() if u.op is Ops.PROGRAM]
@@ -20,16 +29,44 @@ def test_a_programs_launch_sizes_reads_and_writes():
   a, b = Tensor.empty(m, k, dtype=dtypes.float16), Tensor.empty(n, k, dtype=dtypes.float16)
   prg = _program_of(gemm_mma(a, b))
   info = ProgramInfo.from_sink(prg.src[0])
-  assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_77x300x96", (3, 1, 1), (256, 1, 1))   # ceil(300/128), ceil(77/128)
+  assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_f16_77x300x96", (3, 1, 1), (256, 1, 1))   # ceil(300/128), ceil(77/128)
   assert (info.outs, info.ins) == ((0,), (1, 2)) and prg.src[0].arg.estimates.ops == 2 * m * n * k
   code = prg.src[2].arg
-  assert code.startswith("#define NAME r_gemm_mma_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define BM 128\n") and "mma.sync" in code
+  assert code.startswith("#define NAME r_gemm_mma_f16_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define WEIGHTS 0\n#define BM 128\n")
+  assert "mma.sync" in code
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
+def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
+  raw = random_blocks(ggml_type, (n, k), rng)
+  return raw, WordBlocks.from_blocks(QTensor.from_bytes(raw, ggml_type, (n, k)))
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
+def test_the_words_gemm_reads_a_weights_words_and_scales(rng: np.random.Generator, ggml_type: T):
+  m, n, k = 40, 200, 64
+  _, w = _words(ggml_type, n, k, rng)
+  prg = _program_of(gemm_mma_words(Tensor.empty(m, k, dtype=dtypes.float16), ggml_type.name, w.words, w.d))
+  info = ProgramInfo.from_sink(prg.src[0])
+  assert info.name == f"r_gemm_mma_{ggml_type.name.lower()}_40x200x64" and (info.outs, info.ins) == ((0,), (1, 2, 3))
+  assert f"#define WEIGHTS {GEMM_WORD_TYPES[ggml_type.name]}\n" in prg.src[2].arg
+
+def test_a_gemm_takes_64_row_tiles_where_128_row_ones_leave_multiprocessors_idle():
+  assert gemm_tile_rows(512, 8192, 132) == 128           # 4 x 64 tiles
+  assert gemm_tile_rows(512, 2048, 132) == 64            # 4 x 16 tiles: half the GPU idle
+  assert gemm_tile_rows(512, 2048, None) == 128          # a count the driver did not give
+
+def test_the_words_gemm_refuses_what_it_does_not_take(rng: np.random.Generator):
+  _, w = _words(T.Q4_1, 64, 64, rng)
+  x = Tensor.empty(8, 64, dtype=dtypes.float16)
+  assert not gemm_mma_words_applies(x, "Q4_1", w.words, w.d)
+  with pytest.raises(KernelRefused, match="reads the words of Q4_0, Q8_0, MXFP4"): gemm_mma_words(x, "Q4_1", w.words, w.d)
+  _, w = _words(T.Q4_0, 64, 64, rng)
+  assert not gemm_mma_words_applies(Tensor.empty(8, 96, dtype=dtypes.float16), "Q4_0", w.words, w.d)   # K differs
+  assert not gemm_mma_words_applies(x.float(), "Q4_0", w.words, w.d)
+
+@nvcc
 def test_the_gemm_source_refuses_a_tiling_it_is_not_written_for(tmp_path: Path):
-  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=64, N=64, K=64, BM=64, BN=128, BK=32, THREADS=256))
+  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=64, N=64, K=64, WEIGHTS=0, BM=128, BN=64, BK=32, THREADS=256))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
-  assert r.returncode != 0 and "written for 128 x 128 tiles" in r.stderr
+  assert r.returncode != 0 and "written for tiles of 128 or 64 x 128" in r.stderr
 
 @pytest.mark.parametrize("a, b, why", [
   ((64, 100), (32, 100), "K a multiple of 32"),                       # K = 100
@@ -52,6 +89,17 @@ def test_gemm_takes_the_mma_kernel_where_it_applies_and_tinygrads_elsewhere():
   assert not kernels(gemm(w, x, dtypes.float16)) and not kernels(gemm(w, x, dtypes.float16, upcast=False, kernel="mma"))
   assert not kernels(gemm(Tensor.empty(2, 256, 64), Tensor.empty(40, 2, 64), dtypes.float16, kernel="mma"))
 
+def test_a_chunks_matmul_under_mma_decodes_the_words_where_the_strategy_keeps_them(rng: np.random.Generator):
+  """packed_words keeps the words, which the GEMM decodes itself (one kernel of its own, no fp16 copy of the weights);
+  packed_dot keeps the blocks alone, which are dequantized for gemm mma's fp16 GEMM."""
+  raw = random_blocks(T.Q4_0, (256, 128), rng)
+  x = Tensor.empty(1, 40, 128)
+  def programs(strategy: str) -> list[str]:
+    lin = QuantLinear(QTensor.from_bytes(raw, T.Q4_0, (256, 128)), strategy=strategy, prefill="half", gemm_kernel="mma")
+    return [u.src[0].arg.name for u in lin(x).uop.toposort() if u.op is Ops.PROGRAM]
+  assert programs("packed_words") == ["r_gemm_mma_q4_0_40x256x128"]
+  assert programs("packed_dot") == ["r_gemm_mma_f16_40x256x128"]
+
 def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   from tinyzoo.cli import main
   assert mma_refusal("CPU") == "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
@@ -59,14 +107,17 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   assert main(["bench", "llama3.2-1b-tiny", "--gemm", "mma", "--no-journal", "--no-peer", "-r", "1"]) == 1
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint gemm: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
-@pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 3072, 2048)])
-def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int):
-  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k))
-  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
+@nvcc
+@pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values()])
+@pytest.mark.parametrize("m, n, k, tile_rows", [(77, 300, 96, 128), (512, 3072, 2048, 64)])
+def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, weights: int):
+  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows))
+  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
+                     capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
+  assert " 0 bytes spill stores" in r.stderr   # every sum stays in registers
 
-@pytest.mark.skipif(Device.DEFAULT != "CUDA" or mma_refusal("CUDA") is not None, reason="runs gemm_mma on a CUDA GPU")
+@on_gpu
 @pytest.mark.parametrize("m, n, k", [(77, 300, 96), (128, 128, 32), (512, 3072, 2048), (300, 1000, 4096)])
 def test_gemm_mma_against_float64(rng: np.random.Generator, m: int, n: int, k: int):
   """Sizes no multiple of the tile included; fp16 inputs, so the reference multiplies the same fp16 values in float64."""
@@ -75,3 +126,29 @@ def test_gemm_mma_against_float64(rng: np.random.Generator, m: int, n: int, k: i
   want = a.astype(np.float64) @ b.astype(np.float64).T
   assert got.shape == (m, n)
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+
+@on_gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
+@pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 2048, 2048), (300, 1000, 4096), (1, 256, 64)])
+def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
+  """The blocks gguf.quants dequantizes, in float64, against fp16 rows; each weight is exact in fp16, so the kernel's
+  error is its float32 sums'."""
+  raw, w = _words(ggml_type, n, k, rng)
+  a = rng.standard_normal((m, k)).astype(np.float16)
+  got = gemm_mma_words(Tensor(a), ggml_type.name, w.words, w.d).numpy()
+  want = a.astype(np.float64) @ gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64).T
+  scale = np.abs(want).max()
+  assert got.shape == (m, n) and np.abs(got - want).max() <= 1e-4 * scale
+
+@on_gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
+def test_a_chunks_matmul_under_mma_matches_tinygrads(rng: np.random.Generator, ggml_type: T):
+  """The prefill GEMM of a packed_words weight: gemm mma decoding its words against tinygrad's GEMM of the dequantized
+  weights, a last partial chunk's rows (not a multiple of a tile) included."""
+  raw = random_blocks(ggml_type, (384, 256), rng)
+  linears = {kernel: QuantLinear(QTensor.from_bytes(raw, ggml_type, (384, 256)), strategy="packed_words", prefill="half", gemm_kernel=kernel)
+             for kernel in ("tinygrad", "mma")}
+  x = Tensor(rng.standard_normal((1, 37, 256)).astype(np.float32))
+  got, want = (linears[k](x).numpy() for k in ("mma", "tinygrad"))
+  assert len([u for u in linears["mma"](x).uop.toposort() if u.op is Ops.PROGRAM]) == 1
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
