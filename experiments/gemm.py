@@ -1,11 +1,12 @@
 """`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul weight's type, rows and columns,
-once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it: the weight
-dequantized to fp16, then the GEMM of the chunk's rows summed in float32, so that TFLOP/s count the dequantization in.
-A MoE's expert weights are timed in the grouped form a chunk's experts take (ops/routing.py ExpertGroups: the chunk's
-choices of a random routing sorted into tiles of one expert each, every tile reading its expert once), tinygrad's
-kernel alone; their TFLOP/s count the chosen rows' products, not the tiles' padding. Beside the dense ones cuBLAS's
-fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA GPU, in the same run; and each
-kernel's largest error against float64 numpy of the weights gguf.quants dequantizes."""
+once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it, the weights
+read as the model's strategy keeps them: tinygrad's GEMM and mma's of fp16 weights take them dequantized first, mma
+decodes the words of Q4_0, Q8_0 and MXFP4 itself; TFLOP/s count the dequantization in. A MoE's expert weights are timed
+in the grouped form a chunk's experts take (ops/routing.py ExpertGroups: the chunk's choices of a random routing sorted
+into tiles of one expert each, every tile reading its expert once); their TFLOP/s count the chosen rows' products, not
+the tiles' padding. Beside the dense ones cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch
+sees a CUDA GPU, in the same run; and each kernel's largest error against float64 numpy of the weights gguf.quants
+dequantizes."""
 import math
 import os
 import time
@@ -17,7 +18,7 @@ from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.steady import steady_state
 from ops import patches
-from ops.cuda import GEMM_K_STEP, GEMMS, mma_refusal
+from ops.cuda import GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, mma_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
 from ops.routing import ExpertGroups
@@ -87,15 +88,15 @@ def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy: 
   lin = QuantLinear(w := g.load(shape.tensor), strategy=strategy.for_weight(shape.tensor, w.ggml_type), prefill="half", gemm_kernel=kernel)
   return lin.gemm_of, Tensor(x).realize(), x.astype(np.float64) @ _float64_weights(g, shape).T, 2 * x.shape[0] * shape.n * shape.k
 
-def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Generator, tile: int) -> Measured:
-  """An expert weight's grouped GEMM of the chunk's rows, each through `expert_used_count` experts drawn at random: the
-  step (the rows gathered into their slots, then the GEMM), its input, the float64 answer of the held slots (0 for the
-  padding) and the chosen rows' products."""
+def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy: str, rng: np.random.Generator, tile: int) -> Measured:
+  """An expert weight's grouped GEMM of the chunk's rows under `kernel`, each row through `expert_used_count` experts drawn
+  at random: the step (the rows gathered into their slots, then the GEMM), its input, the float64 answer of the held
+  slots (0 for the padding) and the chosen rows' products."""
   used = g.require(f"{g.architecture}.expert_used_count")
   sel = np.stack([rng.choice(shape.experts, used, replace=False) for _ in range(x.shape[0])]).astype(np.int32)
   groups = ExpertGroups.of(Tensor(sel).realize(), shape.experts, tile)
   for t in (groups.slot, groups.row, groups.held, groups.tile_expert): t.realize()
-  experts = QuantExperts(g.load(shape.tensor), prefill="half")
+  experts = QuantExperts(g.load(shape.tensor), strategy=strategy, prefill="half", gemm_kernel=kernel)
   w, row, held, tile_expert = _float64_weights(g, shape), groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
   rows64, want = x.astype(np.float64)[row], np.zeros((row.shape[0], shape.n))
   for t, e in enumerate(tile_expert):   # a tile's rows through its one expert
@@ -106,9 +107,10 @@ def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, rng: np.random.Genera
   return step, Tensor(x).realize(), want, 2 * x.shape[0] * used * shape.n * shape.k
 
 def kernels_of(shape: GemmShape, kernels: list[str]) -> list[str]:
-  """The kernels that take a shape's GEMM: tinygrad's alone for expert weights, F32 weights (a GEMM of float32 inputs:
-  MoE routers) and sums not a whole number of mma's K steps."""
-  if shape.experts or shape.ggml_type == "F32" or shape.k % GEMM_K_STEP: return [k for k in kernels if k == "tinygrad"]
+  """The kernels that take a shape's GEMM: tinygrad's alone for F32 weights (a GEMM of float32 inputs: MoE routers), sums
+  not a whole number of mma's K steps and expert weights of a type whose words mma does not read."""
+  if shape.ggml_type == "F32" or shape.k % GEMM_K_STEP or (shape.experts and shape.ggml_type not in GEMM_WORD_TYPES):
+    return [k for k in kernels if k == "tinygrad"]
   return kernels
 
 def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, seed: int | None = None):
@@ -127,7 +129,7 @@ def _bench(g: GGUFFile, path: os.PathLike, name: str, rows: int, kernels: list[s
     cublas = None if shape.experts else _cublas_tflops(g.load(shape.tensor).dequantize(), x, iters)
     read_as = strategy.for_weight(shape.tensor, g.tensors[shape.tensor].ggml_type)
     for kernel in kernels_of(shape, kernels):
-      step, xt, want, flops = _grouped(g, shape, x, rng, tile) if shape.experts else _dense(g, shape, x, kernel, strategy)
+      step, xt, want, flops = _grouped(g, shape, x, kernel, read_as, rng, tile) if shape.experts else _dense(g, shape, x, kernel, strategy)
       err = float(np.abs(step(xt).numpy() - want).max() / max(np.abs(want).max(), 1e-30))
       m = steady_state(step, xt, iters=iters)
       yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
@@ -151,8 +153,8 @@ def run(path: os.PathLike, name: str, rows: int, asked: list[str] | None, iters:
   if rows < 1 or iters < 1: raise ValueError(f"--rows and --iters must be at least 1, got {rows} and {iters}")
   kernels, left_out = kernels_here(asked)
   for line in left_out: out(f"left out: {line}")
-  out(f"{name}: each GEMM of a {rows}-row prompt chunk on {journal.device_name()}, weights dequantized to fp16 in the "
-      f"timed step (cuBLAS's: the GEMM alone, of weights dequantized before), median of {iters} JIT replays; rel err: the "
+  out(f"{name}: each GEMM of a {rows}-row prompt chunk on {journal.device_name()}, any dequantization in the timed "
+      f"step (cuBLAS's: the GEMM alone, of weights dequantized before), median of {iters} JIT replays; rel err: the "
       "largest error over the output's largest value against float64")
   out(HEAD)
   t0 = time.perf_counter()

@@ -61,7 +61,7 @@ class Weights:
     biases = [self._load(f"{n}.bias").dequantize() if self.has(f"{n}.bias") else None for n in names]
     bias, name = self._joined_bias(names, biases), _joined_name(names)
     self.linears.append(linear := QuantExperts(weight, bias, self.plan.for_weight(names[0], weight.ggml_type), self.hints.rounding,
-                                                 self.hints.prefill, self.hints.casts == "keep"))
+                                                 self.hints.prefill, self.hints.casts == "keep", self.hints.gemm))
     for t in linear.device_tensors: self.label(name, "experts", t)
     return linear
 

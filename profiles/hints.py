@@ -183,9 +183,10 @@ HINTS: dict[str, Hint] = {
                         "read expanded to every head's key and value, then plain attention) or auto (whichever costs fewer "
                         "multiplications for the chunk's rows: expanded for hundreds of rows)"),
   "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
-                  "matmuls): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: shared-memory tiles copied by cp.async, "
-                  "read by ldmatrix into mma.sync; CUDA GPUs of compute capability 8.0 and later; a GEMM it does not take, "
-                  "tinygrad's)"),
+                  "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "
+                  "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words decoded "
+                  "on their way in, other types dequantized to fp16 first; CUDA GPUs of compute capability 8.0 and later; a GEMM it "
+                  "does not take, tinygrad's)"),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

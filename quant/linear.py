@@ -157,14 +157,14 @@ class _PackedWeight:
     if (y := self._words_gemm(x)) is not None: return y
     return gemm(self._float_weights(), x, self._gemm_dtype(), self.upcast, self.gemm_kernel)
 
-  def _words_gemm(self, x: Tensor) -> Tensor | None:
-    """The GEMM of gemm mma decoding one matrix's words as it loads them (ops/cuda: gemm_mma_words), with no pass of its
-    own writing the weights out in fp16; None where it does not take this weight (another kernel or format, several
-    matrices, a sum rounded to half)."""
+  def _words_gemm(self, x: Tensor, tile_expert: Tensor | None = None) -> Tensor | None:
+    """The GEMM of gemm mma decoding the words as it loads them (ops/cuda: gemm_mma_words), with no pass of its own writing
+    the weights out in fp16: one matrix's, or with tile_expert (ExpertGroups) each tile's expert's; None where it does not
+    take this weight (another kernel or format, several matrices, a sum rounded to half, a tile it is not written for)."""
     if self.gemm_kernel != "mma" or self.words is None or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
-    a = x.reshape(-1, x.shape[-1]).cast(dtypes.float16)
-    if not gemm_mma_words_applies(a, self.weight.ggml_type.name, self.words.words, self.words.d): return None
-    return gemm_mma_words(a, self.weight.ggml_type.name, self.words.words, self.words.d).reshape(*x.shape[:-1], self.weight.shape[-2])
+    a, t = x.reshape(-1, x.shape[-1]).cast(dtypes.float16), self.weight.ggml_type.name
+    if not gemm_mma_words_applies(a, t, self.words.words, self.words.d, tile_expert): return None
+    return gemm_mma_words(a, t, self.words.words, self.words.d, tile_expert).reshape(*x.shape[:-1], self.weight.shape[-2])
 
   def transposed_gemm_of(self, x: Tensor) -> Tensor:
     """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""
@@ -244,10 +244,9 @@ class QuantExperts(_PackedWeight):
 
   def grouped(self, x: Tensor, groups: ExpertGroups) -> Tensor:
     """A prompt chunk's rows in slot order (groups.rows) through their experts: x [slots, in] -> [slots, out], one GEMM
-    whose tiles each read their expert's weights once."""
-    experts = groups.slot_experts
-    y = grouped_gemm(self._float_weights(), round_activations(x, self.weight.ggml_type, self.rounding), experts, self._gemm_dtype(),
-                     self.upcast)
+    whose tiles each read their expert's weights once (gemm mma's decoding the words, where it takes them)."""
+    experts, x = groups.slot_experts, round_activations(x, self.weight.ggml_type, self.rounding)
+    if (y := self._words_gemm(x, groups.tile_expert)) is None: y = grouped_gemm(self._float_weights(), x, experts, self._gemm_dtype(), self.upcast)
     return y if self.bias is None else y + self.bias[experts].reshape(y.shape)
 
   def mixed(self, x: Tensor | Int8Rows, sel: Tensor, mix: Tensor) -> Tensor:

@@ -334,11 +334,12 @@ def parser() -> argparse.ArgumentParser:
   s.set_defaults(fn=cmd_matvec)
   s = sub.add_parser("gemm", help="JIT steady-state GEMM of each weight shape of a model over a prompt chunk, per GEMM kernel",
                      description="For every type and shape of the model's matmul weights, times a prompt chunk's GEMM as prefill "
-                                 "runs it (the weight dequantized to fp16, then the GEMM summed in float32) under each GEMM kernel this "
-                                 "device runs (the gemm hint: tinygrad's, the hand-written mma on a CUDA GPU), beside cuBLAS through torch "
-                                 "where it sees a CUDA GPU; a MoE's expert weights in the grouped form a chunk takes them (a random "
-                                 "routing), tinygrad's kernel alone. TFLOP/s with the dequantization counted in, and the largest error "
-                                 "against float64. One journal record a shape and kernel.")
+                                 "runs it (the weights read as the model's strategy keeps them: dequantized to fp16 first, or Q4_0, Q8_0 and "
+                                 "MXFP4 words decoded by mma itself; the GEMM summed in float32) under each GEMM kernel this device runs "
+                                 "(the gemm hint: tinygrad's, the hand-written mma on a CUDA GPU), beside cuBLAS through torch where it "
+                                 "sees a CUDA GPU; a MoE's expert weights in the grouped form a chunk takes them (a random routing). "
+                                 "TFLOP/s with the dequantization counted in, and the largest error against float64. One journal record "
+                                 "a shape and kernel.")
   s.add_argument("model", nargs="?", help=MODEL_HELP)
   s.add_argument("--rows", type=int, default=512, help="the chunk's rows, the GEMM's M (default 512, a GPU's prefill chunk)")
   s.add_argument("--kernels", metavar="K[,K...]", help="GEMM kernels to time (default: every one this device runs)")

@@ -78,36 +78,47 @@ def gemm_tile_rows(m: int, n: int, sms: int | None) -> int:
   """A tile's rows: 128, or 64 where 128-row tiles would be fewer than the GPU's multiprocessors (a short or narrow GEMM)."""
   return 64 if sms is not None and math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) < sms else GEMM_TILE
 
-def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_rows: int = GEMM_TILE) -> str:
-  return source("gemm_mma.cu", name, M=m, N=n, K=k, WEIGHTS=weights, BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP, THREADS=GEMM_THREADS)
+GEMM_TILE_ROWS = (128, 64, 32)   # the tile rows gemm_mma.cu is written for (32: an expert tile's alone)
 
-def _gemm(a: Tensor, n: int, weights: int, *w: Tensor) -> Tensor:
-  (m, k), sms = a.shape, multiprocessors(a.device)
-  bm = gemm_tile_rows(m, n, sms)
+def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_rows: int = GEMM_TILE, grouped: bool = False) -> str:
+  return source("gemm_mma.cu", name, M=m, N=n, K=k, WEIGHTS=weights, GROUPED=int(grouped), BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP,
+                THREADS=GEMM_THREADS)
+
+def _gemm(a: Tensor, n: int, weights: int, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
+  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (`weights` as the source numbers them), with
+  `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows."""
+  (m, k), grouped = a.shape, tile_expert is not None
+  bm = m // tile_expert.shape[0] if grouped else gemm_tile_rows(m, n, multiprocessors(a.device))
   kind = "f16" if weights == 0 else next(t for t, v in GEMM_WORD_TYPES.items() if v == weights).lower()
-  name = f"r_gemm_mma_{kind}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
+  name = f"r_gemm_mma_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
-  code = gemm_mma_source(name, m, n, k, weights, bm)
+  code = gemm_mma_source(name, m, n, k, weights, bm, grouped)
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
-  return Tensor.custom_kernel(out, a.contiguous(), *(t.contiguous() for t in w),
-                              fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
+  ins = [a, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
+  return Tensor.custom_kernel(out, *(t.contiguous() for t in ins), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
 
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   """a [M, K] @ b [N, K].T -> [M, N] float32, both fp16 (where `gemm_mma_applies`), by gemm_mma.cu."""
   if not gemm_mma_applies(a, b):
     raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: "
                         f"{a.shape} {a.dtype}, {b.shape} {b.dtype}")
-  return _gemm(a, b.shape[0], 0, b)
+  return _gemm(a, b.shape[0], 0, (b,))
 
-def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor) -> bool:
-  """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block]."""
-  return (ggml_type in GEMM_WORD_TYPES and a.ndim == 2 and a.dtype == dtypes.float16 and words.ndim == 3 and _fixed(a, words)
-          and words.shape[1] * 32 == a.shape[1] and scales.shape == words.shape[:2])
+def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> bool:
+  """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block], or with
+  tile_expert [tiles] experts' words [experts, N, K/32, words a block] in tiles of 32, 64 or 128 rows."""
+  lead = 0 if tile_expert is None else 1
+  return (ggml_type in GEMM_WORD_TYPES and a.ndim == 2 and a.dtype == dtypes.float16 and words.ndim == 3 + lead and _fixed(a, words)
+          and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1]
+          and (tile_expert is None or (tile_expert.ndim == 1 and a.shape[0] % tile_expert.shape[0] == 0
+                                       and a.shape[0] // tile_expert.shape[0] in GEMM_TILE_ROWS)))
 
-def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor) -> Tensor:
+def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> Tensor:
   """a [M, K] (fp16) @ W.T -> [M, N] float32, W one matrix of a 32-element block format in quant/words.py's word layout
-  (words uint32 [N, K/32, words a block], scales [N, K/32]: fp16, or MXFP4's E8M0 bytes), decoded inside the GEMM."""
-  if not gemm_mma_words_applies(a, ggml_type, words, scales):
-    raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes: "
-                        f"{ggml_type} {words.shape}, {a.shape} {a.dtype}")
-  return _gemm(a, words.shape[0], GEMM_WORD_TYPES[ggml_type], words, scales)
+  (words uint32 [N, K/32, words a block], scales [N, K/32]: fp16, or MXFP4's E8M0 bytes), decoded inside the GEMM. With
+  tile_expert [tiles], W is a MoE's experts ([experts, N, ...]) and a's rows are tiles of M / tiles rows, tile t through
+  expert tile_expert[t] (ops/routing.py ExpertGroups)."""
+  if not gemm_mma_words_applies(a, ggml_type, words, scales, tile_expert):
+    raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
+                        f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
+  return _gemm(a, words.shape[-3], GEMM_WORD_TYPES[ggml_type], (words, scales), tile_expert)

@@ -1,16 +1,19 @@
 // C[M, N] (float32) = A[M, K] . W[N, K]^T: a prompt chunk's rows (fp16, row-major) against a weight's rows read as they
 // are stored: fp16 (WEIGHTS 0), or the word layout of a 32-element block format (quant/words.py: a block's quants as
 // 32-bit words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), dequantized to fp16 on their way into shared memory,
-// so that no pass of its own writes the weights out in fp16 first.
-// A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle), eight warps of
+// so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a MoE's expert weights [experts, N, ...]
+// against a chunk's rows sorted into tiles of BM rows that share an expert (ops/routing.py ExpertGroups), E[tile] each
+// tile's expert: a block reads its tile's expert alone.
+// A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle; grouped, the
+// expert tile's 32, 64 or 128), eight warps of
 // BM/2 x 32 each, over K in steps of 32 (one quant block): A's tiles (and fp16 W's) copied to shared memory by cp.async
 // three steps deep; packed W's words loaded into registers two steps ahead and decoded into a shared tile one step
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
-// The host defines NAME, M, N, K, WEIGHTS and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
+// The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
 #include <cuda_fp16.h>
-#if (BM != 128 && BM != 64) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 3
-#error "gemm_mma.cu is written for tiles of 128 or 64 x 128, K steps of 32, 256 threads and weights 0-3"
+#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 3
+#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-3"
 #endif
 #define MI (BM / 32)      // a warp's 16-row fragments of A
 #define STAGES 3          // cp.async stages of A (and of fp16 W)
@@ -43,7 +46,7 @@ __device__ __forceinline__ unsigned decode2(unsigned w, int k, int shift, __half
 #if WEIGHTS == 3
   // E2M1: its magnitude bits in an fp16's exponent and mantissa are its value times 2^-14, subnormals included; sign apart
   unsigned bits = ((q & 0x00070007u) << 9) | ((q & 0x00080008u) << 12);
-  __half2 v = *reinterpret_cast<__half2*>(&bits);
+  __half2 v = __hmul2(*reinterpret_cast<__half2*>(&bits), __float2half2_rn(16384.f));   // exact
 #else
   // 1024 + u exactly as an fp16 (u in its low mantissa bits), less 1024 and the format's offset, both exact: u is a
   // Q4_0 quant (offset 8) or a Q8_0 int8 with its sign bit flipped (q + 128)
@@ -67,6 +70,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
 #else
                                                          const unsigned* __restrict__ Wq, const half* __restrict__ Wd
 #endif
+#if GROUPED
+                                                         , const int* __restrict__ E
+#endif
                                                          ) {
   __shared__ __align__(128) half As[STAGES][BM * BK];
 #if WEIGHTS == 0
@@ -77,6 +83,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32;   // this warp's corner in the tile: 2 x 4 warps
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+#if GROUPED
+  const size_t expert = (size_t)E[blockIdx.y];
+#else
+  const size_t expert = 0;
+#endif
   float acc[MI][4][4];
   #pragma unroll
   for (int i = 0; i < MI; i++)
@@ -89,15 +100,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   auto copy = [&](int stage, int step) {
     const int k0 = step * BK;
     #pragma unroll
-    for (int i = 0; i < BM * 4 / THREADS; i++) {
+    for (int i = 0; i < (BM * 4 + THREADS - 1) / THREADS; i++) {
       const int c = tid + i * THREADS, r = c >> 2, gm = m0 + r;
+      if (BM * 4 % THREADS && c >= BM * 4) break;   // 32-row tiles: half the threads copy A
       copy16(&As[stage][at(r, c & 3)], A + (size_t)(gm < M ? gm : M - 1) * K + k0 + (c & 3) * 8, gm < M);
     }
 #if WEIGHTS == 0
     #pragma unroll
     for (int i = 0; i < BN * 4 / THREADS; i++) {
       const int c = tid + i * THREADS, r = c >> 2, gn = n0 + r;
-      copy16(&Bs[stage][at(r, c & 3)], W + (size_t)(gn < N ? gn : N - 1) * K + k0 + (c & 3) * 8, gn < N);
+      copy16(&Bs[stage][at(r, c & 3)], W + (expert * N + (gn < N ? gn : N - 1)) * K + k0 + (c & 3) * 8, gn < N);
     }
 #endif
     asm volatile("cp.async.commit_group;\n" ::);
@@ -109,17 +121,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   uint4 q;        // the words of the step being fetched
   __half2 scale;  // and its block's scale
   auto fetch = [&](int step) {
-    const unsigned* words = Wq + ((size_t)gn * BLOCKS + step) * WORDS;
+    const size_t block = (expert * N + gn) * BLOCKS + step;
+    const unsigned* words = Wq + block * WORDS;
 #if WEIGHTS == 2
     q = *reinterpret_cast<const uint4*>(words + 4 * wh);   // bytes 16h..16h+15: elements 16h..16h+15
-    scale = __half2half2(Wd[(size_t)gn * BLOCKS + step]);
+    scale = __half2half2(Wd[block]);
 #else
     const uint2 w2 = *reinterpret_cast<const uint2*>(words + 2 * wh);   // bytes 8h..8h+7: elements 8h.. (low), 16+8h.. (high)
     q.x = w2.x; q.y = w2.y;
 #if WEIGHTS == 3
-    scale = __float2half2_rn(ldexpf(1.f, (int)We[(size_t)gn * BLOCKS + step] - 113));   // 2^(e-127) less E2M1's 2^-14
+    scale = __float2half2_rn(ldexpf(1.f, (int)We[block] - 127));   // E8M0: 2^(e-127)
 #else
-    scale = __half2half2(Wd[(size_t)gn * BLOCKS + step]);
+    scale = __half2half2(Wd[block]);
 #endif
 #endif
   };

@@ -12,7 +12,8 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from ops.cuda import GEMM_WORD_TYPES, KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
   gemm_tile_rows, mma_refusal, source
-from quant.linear import QuantLinear, gemm
+from ops.routing import ExpertGroups
+from quant.linear import QuantExperts, QuantLinear, gemm
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from quant.words import WordBlocks
@@ -32,7 +33,8 @@ def test_a_programs_launch_sizes_reads_and_writes():
   assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_f16_77x300x96", (3, 1, 1), (256, 1, 1))   # ceil(300/128), ceil(77/128)
   assert (info.outs, info.ins) == ((0,), (1, 2)) and prg.src[0].arg.estimates.ops == 2 * m * n * k
   code = prg.src[2].arg
-  assert code.startswith("#define NAME r_gemm_mma_f16_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define WEIGHTS 0\n#define BM 128\n")
+  assert code.startswith("#define NAME r_gemm_mma_f16_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define WEIGHTS 0\n#define GROUPED 0\n"
+                         "#define BM 128\n")
   assert "mma.sync" in code
 
 def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
@@ -47,6 +49,18 @@ def test_the_words_gemm_reads_a_weights_words_and_scales(rng: np.random.Generato
   info = ProgramInfo.from_sink(prg.src[0])
   assert info.name == f"r_gemm_mma_{ggml_type.name.lower()}_40x200x64" and (info.outs, info.ins) == ((0,), (1, 2, 3))
   assert f"#define WEIGHTS {GEMM_WORD_TYPES[ggml_type.name]}\n" in prg.src[2].arg
+
+def test_the_grouped_words_gemm_reads_each_tiles_expert(rng: np.random.Generator):
+  """A MoE's experts against a chunk's rows in tiles that share an expert: the tile is the kernel's block of rows, and the
+  tiles' experts are read beside the words and scales."""
+  _, w = _words(T.Q4_0, 4 * 96, 64, rng)
+  words, scales = w.words.reshape(4, 96, 2, 4), w.d.reshape(4, 96, 2)
+  prg = _program_of(gemm_mma_words(Tensor.empty(5 * 32, 64, dtype=dtypes.float16), "Q4_0", words, scales, Tensor.empty(5, dtype=dtypes.int32)))
+  info = ProgramInfo.from_sink(prg.src[0])
+  assert (info.name, info.global_size, info.ins) == ("r_gemm_mma_q4_0_grouped_160x96x64", (1, 5, 1), (1, 2, 3, 4))
+  assert "#define GROUPED 1\n" in prg.src[2].arg and "#define BM 32\n" in prg.src[2].arg
+  tiles_of_16 = Tensor.empty(10, dtype=dtypes.int32)
+  assert not gemm_mma_words_applies(Tensor.empty(160, 64, dtype=dtypes.float16), "Q4_0", words, scales, tiles_of_16)
 
 def test_a_gemm_takes_64_row_tiles_where_128_row_ones_leave_multiprocessors_idle():
   assert gemm_tile_rows(512, 8192, 132) == 128           # 4 x 64 tiles
@@ -64,9 +78,9 @@ def test_the_words_gemm_refuses_what_it_does_not_take(rng: np.random.Generator):
 
 @nvcc
 def test_the_gemm_source_refuses_a_tiling_it_is_not_written_for(tmp_path: Path):
-  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=64, N=64, K=64, WEIGHTS=0, BM=128, BN=64, BK=32, THREADS=256))
+  (cu := tmp_path / "k.cu").write_text(source("gemm_mma.cu", "r_gemm", M=64, N=64, K=64, WEIGHTS=0, GROUPED=0, BM=128, BN=64, BK=32, THREADS=256))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
-  assert r.returncode != 0 and "written for tiles of 128 or 64 x 128" in r.stderr
+  assert r.returncode != 0 and "written for tiles of 128, 64 or 32 x 128" in r.stderr
 
 @pytest.mark.parametrize("a, b, why", [
   ((64, 100), (32, 100), "K a multiple of 32"),                       # K = 100
@@ -109,9 +123,9 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
 
 @nvcc
 @pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values()])
-@pytest.mark.parametrize("m, n, k, tile_rows", [(77, 300, 96, 128), (512, 3072, 2048, 64)])
-def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, weights: int):
-  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows))
+@pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 64, False), (160, 96, 64, 32, True)])
+def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, weights: int):
+  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
@@ -131,14 +145,34 @@ def test_gemm_mma_against_float64(rng: np.random.Generator, m: int, n: int, k: i
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
 @pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 2048, 2048), (300, 1000, 4096), (1, 256, 64)])
 def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
-  """The blocks gguf.quants dequantizes, in float64, against fp16 rows; each weight is exact in fp16, so the kernel's
-  error is its float32 sums'."""
+  """The blocks gguf.quants dequantizes, in float64, against fp16 rows: the kernel's weights are theirs rounded to fp16 (as
+  tinygrad's GEMM takes them), within the rounding of the exact ones, and its sums those of the rounded weights within
+  float32's error."""
   raw, w = _words(ggml_type, n, k, rng)
   a = rng.standard_normal((m, k)).astype(np.float16)
   got = gemm_mma_words(Tensor(a), ggml_type.name, w.words, w.d).numpy()
-  want = a.astype(np.float64) @ gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64).T
+  exact = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64)
+  want, rounded = (a.astype(np.float64) @ wt.T for wt in (exact, exact.astype(np.float16).astype(np.float64)))
   scale = np.abs(want).max()
-  assert got.shape == (m, n) and np.abs(got - want).max() <= 1e-4 * scale
+  assert got.shape == (m, n) and np.abs(got - rounded).max() <= 1e-5 * scale and np.abs(got - want).max() <= 1e-3 * scale
+
+@on_gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
+@pytest.mark.parametrize("tile", [32, 64])
+def test_the_grouped_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, tile: int):
+  """A chunk's 45 rows, each through 2 of 6 experts drawn at random, grouped into tiles (the padding's rows zero): each
+  tile's rows against its expert's blocks dequantized by gguf.quants in float64 (rounded to fp16, as the kernel's)."""
+  n_experts, n, k = 6, 200, 128
+  raw = random_blocks(ggml_type, (n_experts, n, k), rng)
+  w = WordBlocks.from_blocks(QTensor.from_bytes(raw, ggml_type, (n_experts, n, k)))
+  sel = np.stack([rng.choice(n_experts, 2, replace=False) for _ in range(45)]).astype(np.int32)
+  groups = ExpertGroups.of(Tensor(sel), n_experts, tile)
+  x = rng.standard_normal((45, k)).astype(np.float16)
+  got = gemm_mma_words(groups.rows(Tensor(x)).cast(dtypes.float16), ggml_type.name, w.words, w.d, groups.tile_expert).numpy()
+  weights = gguf_quants.dequantize(raw, ggml_type).reshape(n_experts, n, k).astype(np.float16).astype(np.float64)
+  row, held, tile_expert = groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
+  want = np.stack([x[row[s]].astype(np.float64) @ weights[tile_expert[s // tile]].T if held[s] else np.zeros(n) for s in range(len(row))])
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 @on_gpu
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
@@ -151,4 +185,14 @@ def test_a_chunks_matmul_under_mma_matches_tinygrads(rng: np.random.Generator, g
   x = Tensor(rng.standard_normal((1, 37, 256)).astype(np.float32))
   got, want = (linears[k](x).numpy() for k in ("mma", "tinygrad"))
   assert len([u for u in linears["mma"](x).uop.toposort() if u.op is Ops.PROGRAM]) == 1
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+
+@on_gpu
+def test_a_chunks_experts_under_mma_match_tinygrads(rng: np.random.Generator):
+  """QuantExperts.grouped of int8_dot's words (a GPU's experts strategy): gemm mma against tinygrad's grouped GEMM."""
+  raw, groups = random_blocks(T.Q4_0, (4, 96, 64), rng), ExpertGroups.of(Tensor(rng.integers(0, 4, (50, 2)).astype(np.int32)), 4, 32)
+  x = groups.rows(Tensor(rng.standard_normal((50, 64)).astype(np.float32)))
+  experts = {k: QuantExperts(QTensor.from_bytes(raw, T.Q4_0, (4, 96, 64)), strategy="int8_dot", prefill="half", gemm_kernel=k)
+             for k in ("mma", "tinygrad")}
+  got, want = (experts[k].grouped(x, groups).numpy() for k in ("mma", "tinygrad"))
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
