@@ -75,10 +75,8 @@ def gemm_mma_applies(a: Tensor, b: Tensor) -> bool:
           and a.shape[1] == b.shape[1] and a.shape[1] % GEMM_K_STEP == 0)
 
 def gemm_tile_rows(m: int, n: int, sms: int | None) -> int:
-  """A tile's rows: the most (of GEMM_TILE_ROWS) whose tiles are at least the GPU's multiprocessors, else the fewest: a
-  short or narrow GEMM in tiles of 128 rows would leave SMs idle."""
-  if sms is None: return GEMM_TILE
-  return next((bm for bm in GEMM_TILE_ROWS if math.ceil(m / bm) * math.ceil(n / GEMM_TILE) >= sms), GEMM_TILE_ROWS[-1])
+  """A tile's rows: 128, or 64 where 128-row tiles would be fewer than the GPU's multiprocessors (a short or narrow GEMM)."""
+  return 64 if sms is not None and math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) < sms else GEMM_TILE
 
 GEMM_TILE_ROWS = (128, 64, 32)   # the tile rows gemm_mma.cu is written for (32: an expert tile's alone)
 

@@ -7,7 +7,7 @@
 // A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle; grouped, the
 // expert tile's 32, 64 or 128), eight warps of
 // BM/2 x 32 each, over K in steps of 32 (one quant block): A's tiles (and fp16 W's) copied to shared memory by cp.async
-// STAGES steps deep; packed W's words loaded into registers AHEAD steps ahead and decoded into a shared tile one step
+// three steps deep; packed W's words loaded into registers two steps ahead and decoded into a shared tile one step
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
 // The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
@@ -16,14 +16,7 @@
 #error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-3"
 #endif
 #define MI (BM / 32)      // a warp's 16-row fragments of A
-// cp.async stages of A (and of fp16 W), as deep as 48 KB of shared memory holds: the fewer a tile's rows, the fewer
-// warps an SM has to hide a load's latency behind and the more steps ahead the copies go
-#if WEIGHTS == 0
-#define STAGES (BM == 128 ? 3 : 4)
-#else
-#define STAGES (BM == 32 ? 6 : 4)
-#endif
-#define AHEAD (BM == 128 ? 2 : 4)   // packed W: steps whose words a thread holds in registers, fetched that far ahead
+#define STAGES 3          // cp.async stages of A (and of fp16 W)
 #define BLOCKS (K / 32)   // a packed row's blocks
 #if WEIGHTS == 2
 #define WORDS 8           // a Q8_0 block's 32 bytes
@@ -125,37 +118,35 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
 #if WEIGHTS
   // packed W: two threads a row, each half of the row's block in this step (rows past N repeat the last one)
   const int wr = tid >> 1, wh = tid & 1, gn = n0 + wr < N ? n0 + wr : N - 1;
-  uint4 q[AHEAD];        // the words of steps t+1 .. t+AHEAD, step s's in slot s % AHEAD
-  __half2 scale[AHEAD];  // and their blocks' scales
-  auto fetch = [&](int slot, int step) {
+  uint4 q;        // the words of the step being fetched
+  __half2 scale;  // and its block's scale
+  auto fetch = [&](int step) {
     const size_t block = (expert * N + gn) * BLOCKS + step;
     const unsigned* words = Wq + block * WORDS;
 #if WEIGHTS == 2
-    q[slot] = *reinterpret_cast<const uint4*>(words + 4 * wh);   // bytes 16h..16h+15: elements 16h..16h+15
-    scale[slot] = __half2half2(Wd[block]);
+    q = *reinterpret_cast<const uint4*>(words + 4 * wh);   // bytes 16h..16h+15: elements 16h..16h+15
+    scale = __half2half2(Wd[block]);
 #else
     const uint2 w2 = *reinterpret_cast<const uint2*>(words + 2 * wh);   // bytes 8h..8h+7: elements 8h.. (low), 16+8h.. (high)
-    q[slot].x = w2.x; q[slot].y = w2.y;
+    q.x = w2.x; q.y = w2.y;
 #if WEIGHTS == 3
-    scale[slot] = __float2half2_rn(ldexpf(1.f, (int)We[block] - 127));   // E8M0: 2^(e-127)
+    scale = __float2half2_rn(ldexpf(1.f, (int)We[block] - 127));   // E8M0: 2^(e-127)
 #else
-    scale[slot] = __half2half2(Wd[block]);
+    scale = __half2half2(Wd[block]);
 #endif
 #endif
   };
-  // a slot's words decoded into stage `stage` of W's shared tile: two 16-byte chunks a thread
-  auto decode = [&](int slot, int stage) {
-    const uint4 w = q[slot];
-    const __half2 d = scale[slot];
+  // the fetched words decoded into stage `stage` of W's shared tile: two 16-byte chunks a thread
+  auto decode = [&](int stage) {
     uint4 lo, hi;
 #if WEIGHTS == 2
-    lo = make_uint4(decode2(w.x, 0, 0, d), decode2(w.x, 2, 0, d), decode2(w.y, 0, 0, d), decode2(w.y, 2, 0, d));
-    hi = make_uint4(decode2(w.z, 0, 0, d), decode2(w.z, 2, 0, d), decode2(w.w, 0, 0, d), decode2(w.w, 2, 0, d));
+    lo = make_uint4(decode2(q.x, 0, 0, scale), decode2(q.x, 2, 0, scale), decode2(q.y, 0, 0, scale), decode2(q.y, 2, 0, scale));
+    hi = make_uint4(decode2(q.z, 0, 0, scale), decode2(q.z, 2, 0, scale), decode2(q.w, 0, 0, scale), decode2(q.w, 2, 0, scale));
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
 #else
-    lo = make_uint4(decode2(w.x, 0, 0, d), decode2(w.x, 2, 0, d), decode2(w.y, 0, 0, d), decode2(w.y, 2, 0, d));
-    hi = make_uint4(decode2(w.x, 0, 4, d), decode2(w.x, 2, 4, d), decode2(w.y, 0, 4, d), decode2(w.y, 2, 4, d));
+    lo = make_uint4(decode2(q.x, 0, 0, scale), decode2(q.x, 2, 0, scale), decode2(q.y, 0, 0, scale), decode2(q.y, 2, 0, scale));
+    hi = make_uint4(decode2(q.x, 0, 4, scale), decode2(q.x, 2, 4, scale), decode2(q.y, 0, 4, scale), decode2(q.y, 2, 4, scale));
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, wh)]) = lo;
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 + wh)]) = hi;
 #endif
@@ -169,56 +160,48 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
     else asm volatile("cp.async.commit_group;\n" ::);
   }
 #if WEIGHTS
-  #pragma unroll
-  for (int s = 0; s < AHEAD; s++)
-    if (s < steps) fetch(s, s);
-  decode(0, 0);
-  if (AHEAD < steps) fetch(0, AHEAD);
+  fetch(0);
+  decode(0);
+  if (steps > 1) fetch(1);
 #endif
-  // steps in groups of AHEAD, so that each step's register slot is known where it is compiled
-  for (int t0 = 0; t0 < steps; t0 += AHEAD) {
-    #pragma unroll
-    for (int u = 0; u < AHEAD; u++) {
-      const int t = t0 + u;
-      if (t >= steps) break;
-      asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
-      __syncthreads();   // step t's tiles are in; every warp is past step t-1, whose stage the next copy takes
-      if (t + STAGES - 1 < steps) copy((t + STAGES - 1) % STAGES, t + STAGES - 1);
-      else asm volatile("cp.async.commit_group;\n" ::);
-      const half* as = As[t % STAGES];
+  for (int t = 0; t < steps; t++) {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+    __syncthreads();   // step t's tiles are in; every warp is past step t-1, whose stage the next copy takes
+    if (t + STAGES - 1 < steps) copy((t + STAGES - 1) % STAGES, t + STAGES - 1);
+    else asm volatile("cp.async.commit_group;\n" ::);
+    const half* as = As[t % STAGES];
 #if WEIGHTS == 0
-      const half* bs = Bs[t % STAGES];
+    const half* bs = Bs[t % STAGES];
 #else
-      const half* bs = Bs[t & 1];
+    const half* bs = Bs[t & 1];
 #endif
+    #pragma unroll
+    for (int kk = 0; kk < BK / 8; kk += 2) {   // two chunks (16 of K) a product
+      unsigned a[MI][4], b[4][2];
+      // A's 16 x 16 fragments: lanes 0-15 give rows 0-15 at the first chunk, lanes 16-31 the same rows at the second
       #pragma unroll
-      for (int kk = 0; kk < BK / 8; kk += 2) {   // two chunks (16 of K) a product
-        unsigned a[MI][4], b[4][2];
-        // A's 16 x 16 fragments: lanes 0-15 give rows 0-15 at the first chunk, lanes 16-31 the same rows at the second
+      for (int i = 0; i < MI; i++)
+        ldmatrix4(&a[i][0], &a[i][1], &a[i][2], &a[i][3], as + at(wm + i * 16 + (lane & 15), kk + (lane >> 4)));
+      // W's 16 x 8 fragments two at a time: lanes 0-7 rows (n) 0-7 at the first chunk, 8-15 at the second, 16-31 rows 8-15
+      #pragma unroll
+      for (int j = 0; j < 4; j += 2)
+        ldmatrix4(&b[j][0], &b[j][1], &b[j + 1][0], &b[j + 1][1],
+                  bs + at(wn + j * 8 + (lane & 7) + (lane >> 4) * 8, kk + ((lane >> 3) & 1)));
+      #pragma unroll
+      for (int i = 0; i < MI; i++)
         #pragma unroll
-        for (int i = 0; i < MI; i++)
-          ldmatrix4(&a[i][0], &a[i][1], &a[i][2], &a[i][3], as + at(wm + i * 16 + (lane & 15), kk + (lane >> 4)));
-        // W's 16 x 8 fragments two at a time: lanes 0-7 rows (n) 0-7 at the first chunk, 8-15 at the second, 16-31 rows 8-15
-        #pragma unroll
-        for (int j = 0; j < 4; j += 2)
-          ldmatrix4(&b[j][0], &b[j][1], &b[j + 1][0], &b[j + 1][1],
-                    bs + at(wn + j * 8 + (lane & 7) + (lane >> 4) * 8, kk + ((lane >> 3) & 1)));
-        #pragma unroll
-        for (int i = 0; i < MI; i++)
-          #pragma unroll
-          for (int j = 0; j < 4; j++)
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                         : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                         : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
-      }
-#if WEIGHTS
-      // step t+1's words into the stage step t-1 read (every warp is past it), then the freed slot takes step t+1+AHEAD's
-      if (t + 1 < steps) {
-        decode((u + 1) % AHEAD, (t + 1) & 1);
-        if (t + 1 + AHEAD < steps) fetch((u + 1) % AHEAD, t + 1 + AHEAD);
-      }
-#endif
+        for (int j = 0; j < 4; j++)
+          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                       : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                       : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
     }
+#if WEIGHTS
+    // step t+1's words into the stage step t-1 read (every warp is past it), then step t+2's fetched
+    if (t + 1 < steps) {
+      decode((t + 1) & 1);
+      if (t + 2 < steps) fetch(t + 2);
+    }
+#endif
   }
   // each thread's sums: rows lane / 4 and 8 below it, columns two from (lane % 4) * 2, of every 16 x 8 fragment
   #pragma unroll
