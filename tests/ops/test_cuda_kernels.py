@@ -11,7 +11,7 @@ from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from ops.cuda import GEMM_WORD_TYPES, KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
-  gemm_tile_rows, mma_refusal, source
+  gemm_tile_rows, mma_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
 from quant.linear import QuantExperts, QuantLinear, gemm
 from quant.qtensor import QTensor
@@ -30,11 +30,12 @@ def test_a_programs_launch_sizes_reads_and_writes():
   a, b = Tensor.empty(m, k, dtype=dtypes.float16), Tensor.empty(n, k, dtype=dtypes.float16)
   prg = _program_of(gemm_mma(a, b))
   info = ProgramInfo.from_sink(prg.src[0])
-  assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_f16_77x300x96", (3, 1, 1), (256, 1, 1))   # ceil(300/128), ceil(77/128)
+  bm = gemm_tile_rows(m, n, multiprocessors(Device.DEFAULT))   # 128 off a GPU (no multiprocessors to fill)
+  assert (info.name, info.global_size, info.local_size) == ("r_gemm_mma_f16_77x300x96", (3, -(-m // bm), 1), (256, 1, 1))
   assert (info.outs, info.ins) == ((0,), (1, 2)) and prg.src[0].arg.estimates.ops == 2 * m * n * k
   code = prg.src[2].arg
   assert code.startswith("#define NAME r_gemm_mma_f16_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define WEIGHTS 0\n#define GROUPED 0\n"
-                         "#define BM 128\n")
+                         f"#define BM {bm}\n")
   assert "mma.sync" in code
 
 def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
