@@ -1,14 +1,15 @@
-"""`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul weight's type, rows and columns,
-once), under each GEMM kernel of the `gemm` hint this device runs, in JIT steady state as prefill runs it, the weights
-read as the model's strategy keeps them: tinygrad's GEMM and mma's of fp16 weights take them dequantized first, mma
-decodes the words of Q4_0, Q8_0 and MXFP4 itself; TFLOP/s count the dequantization in. A MoE's expert weights are timed
-in the grouped form a chunk's experts take (ops/routing.py ExpertGroups: the chunk's choices of a random routing sorted
-into tiles of one expert each, every tile reading its expert once); their TFLOP/s count the chosen rows' products, not
-the tiles' padding. Beside the dense ones cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch
-sees a CUDA GPU, in the same run; and each kernel's largest error against float64 numpy of the weights gguf.quants
-dequantizes."""
+"""`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul's type, rows and columns, once,
+its weights joined as the model joins them: q, k and v, gate and up), under each GEMM kernel of the `gemm` hint this
+device runs, in JIT steady state as prefill runs it, the weights read as the model's strategy keeps them: tinygrad's
+GEMM and mma's of fp16 weights take them dequantized first, mma decodes the words of Q4_0, Q8_0 and MXFP4 itself;
+TFLOP/s count the dequantization in. A MoE's expert weights are timed in the grouped form a chunk's experts take
+(ops/routing.py ExpertGroups: the chunk's choices of a random routing sorted into tiles of one expert each, every tile
+reading its expert once); their TFLOP/s count the chosen rows' products, not the tiles' padding. Beside the dense ones
+cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA GPU, in the same run; and
+each kernel's largest error against float64 numpy of the weights gguf.quants dequantizes."""
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +22,7 @@ from ops import patches
 from ops.cuda import GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, mma_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
+from quant.qtensor import QTensor, concat_rows
 from ops.routing import ExpertGroups
 from profiles.device import resolve_hints
 from quant.linear import QuantExperts, QuantLinear, StrategyPlan
@@ -30,26 +32,52 @@ from quant.matvec_opts import runtime_settings
 # in float32 stay near 1e-3; a kernel that drops or repeats a tile is off by O(1)
 GEMM_TOLERANCE = 1e-2
 
+# the weights a model multiplies as one matmul over their joined rows where they share a GGML type: a block's q, k and v
+# and its gate and up under the fuse hint (models/weights.py projections), its experts' gate and up always (models/moe.py)
+JOINED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"))
+
 @dataclass(frozen=True)
 class GemmShape:
-  tensor: str      # the first weight of the model with this type and shape
+  tensors: tuple[str, ...]   # the weights of the model's first matmul of this type and shape: one, or those it joins
   ggml_type: str
-  n: int           # the weight's rows: the GEMM's output columns
+  n: int           # the matmul's rows (the joined weights' together): the GEMM's output columns
   k: int           # its columns: the sum's length
   experts: int = 0 # a MoE's expert weights: how many experts they hold (0: a dense weight)
 
   @property
   def label(self) -> str: return f"{self.ggml_type} {self.n}x{self.k}" + (f" x{self.experts} experts" if self.experts else "")
 
-def gemm_shapes(g: GGUFFile) -> list[GemmShape]:
-  """Each type and shape of the file's matmul weights (a packed or float type tinyzoo reads: 2-D dense ones, 3-D expert
-  ones), once, dense first, largest first; a tied output projection (the embedding table read as a matmul) among them."""
-  seen: dict[tuple, TensorInfo] = {}
-  for t in g.tensors.values():
+def _matmuls(g: GGUFFile, fuse: bool):
+  """The file's weights as the model multiplies them, each matmul's (JOINED's of one type together) yielded at its first."""
+  taken: set[str] = set()
+  for name, t in g.tensors.items():
+    if name in taken: continue
+    members = [name]
+    if m := re.fullmatch(r"(blk\.\d+\.)(\w+)\.weight", name):
+      group = next((grp for grp in JOINED if m[2] in grp and (fuse or grp[0].endswith("_exps"))), ())
+      same = [f"{m[1]}{part}.weight" for part in group]
+      members = [n for n in same if n in g.tensors and g.tensors[n].ggml_type == t.ggml_type and n not in taken] or members
+    taken.update(members)
+    yield [g.tensors[n] for n in members]
+
+def gemm_shapes(g: GGUFFile, fuse: bool = True) -> list[GemmShape]:
+  """Each type and shape of the file's matmuls (weights of a packed or float type tinyzoo reads: 2-D dense ones, 3-D
+  expert ones, joined as `_matmuls` does), once, dense first, largest first; a tied output projection (the embedding
+  table read as a matmul) among them."""
+  seen: dict[tuple, list[TensorInfo]] = {}
+  for infos in _matmuls(g, fuse):
+    t = infos[0]
     dense = len(t.shape) == 2 and (t.name != "token_embd.weight" or "output.weight" not in g.tensors)
-    if t.ggml_type in FORMATS and (dense or (len(t.shape) == 3 and "_exps" in t.name)): seen.setdefault((t.ggml_type, t.shape), t)
-  shapes = [GemmShape(t.name, t.ggml_type.name, *t.shape[-2:], t.shape[0] if len(t.shape) == 3 else 0) for t in seen.values()]
+    if t.ggml_type in FORMATS and (dense or (len(t.shape) == 3 and "_exps" in t.name)):
+      seen.setdefault((t.ggml_type, *t.shape[:-2], sum(i.shape[-2] for i in infos), t.shape[-1]), infos)
+  shapes = [GemmShape(tuple(i.name for i in infos), infos[0].ggml_type.name, sum(i.shape[-2] for i in infos), infos[0].shape[-1],
+                      infos[0].shape[0] if len(infos[0].shape) == 3 else 0) for infos in seen.values()]
   return sorted(shapes, key=lambda s: (s.experts > 0, -s.n * s.k))
+
+def _load(g: GGUFFile, shape: GemmShape) -> QTensor:
+  """The shape's weights on the device, joined over their rows as the model loads them."""
+  if len(shape.tensors) == 1: return g.load(shape.tensors[0])
+  return concat_rows([(g.raw(n), g.tensors[n].shape) for n in shape.tensors], g.tensors[shape.tensors[0]].ggml_type)
 
 def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
   """The GEMM kernels to time and a line for each left out: every one this device runs, or the `asked` ones, of which
@@ -62,8 +90,9 @@ def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
   return [k for k in GEMMS if refusals[k] is None], [f"{k}: {why}" for k, why in refusals.items() if why]
 
 def _float64_weights(g: GGUFFile, shape: GemmShape) -> np.ndarray:
-  info = g.tensors[shape.tensor]
-  return gguf_quants.dequantize(np.asarray(g.raw(info.name)), info.ggml_type).reshape(*info.shape).astype(np.float64)
+  def one(info: TensorInfo) -> np.ndarray:
+    return gguf_quants.dequantize(np.asarray(g.raw(info.name)), info.ggml_type).reshape(*info.shape).astype(np.float64)
+  return np.concatenate([one(g.tensors[n]) for n in shape.tensors], axis=-2)
 
 def _cublas_tflops(w: Tensor, x: np.ndarray, iters: int) -> float | None:
   """cuBLAS's fp16 GEMM of x against the dequantized w through torch, TFLOP/s; None without torch or a CUDA GPU there."""
@@ -85,7 +114,7 @@ Measured = tuple[Callable[[Tensor], Tensor], Tensor, np.ndarray, int]   # the st
 def _dense(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy: StrategyPlan) -> Measured:
   """A dense weight's chunk GEMM under `kernel`, the weight read as the model's strategy keeps it (gemm mma decodes the
   words of packed_words itself): the step, its input, the float64 answer and its products."""
-  lin = QuantLinear(w := g.load(shape.tensor), strategy=strategy.for_weight(shape.tensor, w.ggml_type), prefill="half", gemm_kernel=kernel)
+  lin = QuantLinear(w := _load(g, shape), strategy=strategy.for_weight(shape.tensors[0], w.ggml_type), prefill="half", gemm_kernel=kernel)
   return lin.gemm_of, Tensor(x).realize(), x.astype(np.float64) @ _float64_weights(g, shape).T, 2 * x.shape[0] * shape.n * shape.k
 
 def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy: str, rng: np.random.Generator, tile: int) -> Measured:
@@ -96,7 +125,7 @@ def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy
   sel = np.stack([rng.choice(shape.experts, used, replace=False) for _ in range(x.shape[0])]).astype(np.int32)
   groups = ExpertGroups.of(Tensor(sel).realize(), shape.experts, tile)
   for t in (groups.slot, groups.row, groups.held, groups.tile_expert): t.realize()
-  experts = QuantExperts(g.load(shape.tensor), strategy=strategy, prefill="half", gemm_kernel=kernel)
+  experts = QuantExperts(_load(g, shape), strategy=strategy, prefill="half", gemm_kernel=kernel)
   w, row, held, tile_expert = _float64_weights(g, shape), groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
   rows64, want = x.astype(np.float64)[row], np.zeros((row.shape[0], shape.n))
   for t, e in enumerate(tile_expert):   # a tile's rows through its one expert
@@ -119,20 +148,21 @@ def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], ite
   g, rng, hints = GGUFFile(path), np.random.default_rng(seed), resolve_hints(path, {})
   patches.install()
   with runtime_settings(hints):
-    yield from _bench(g, path, name, rows, kernels, iters, rng, hints.expert_tile, StrategyPlan.parse(hints.strategy))
+    yield from _bench(g, path, name, rows, kernels, iters, rng, hints.expert_tile, StrategyPlan.parse(hints.strategy), hints.fuse)
 
 def _bench(g: GGUFFile, path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, rng: np.random.Generator, tile: int,
-           strategy: StrategyPlan):
-  for shape in gemm_shapes(g):
+           strategy: StrategyPlan, fuse: bool):
+  for shape in gemm_shapes(g, fuse):
     # inputs that fp16 holds exactly: the error is the kernel's and the weights' fp16 rounding, not the input's
     x = rng.standard_normal((rows, shape.k)).astype(np.float16).astype(np.float32)
-    cublas = None if shape.experts else _cublas_tflops(g.load(shape.tensor).dequantize(), x, iters)
-    read_as = strategy.for_weight(shape.tensor, g.tensors[shape.tensor].ggml_type)
+    cublas = None if shape.experts else _cublas_tflops(_load(g, shape).dequantize(), x, iters)
+    read_as = strategy.for_weight(shape.tensors[0], g.tensors[shape.tensors[0]].ggml_type)
     for kernel in kernels_of(shape, kernels):
       step, xt, want, flops = _grouped(g, shape, x, kernel, read_as, rng, tile) if shape.experts else _dense(g, shape, x, kernel, strategy)
       err = float(np.abs(step(xt).numpy() - want).max() / max(np.abs(want).max(), 1e-30))
       m = steady_state(step, xt, iters=iters)
-      yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensor,
+      yield {**journal.context(), "kind": "gemm", "model": name, "file": os.path.basename(path), "tensor": shape.tensors[0],
+             **({"joined": list(shape.tensors)} if len(shape.tensors) > 1 else {}),
              "ggml_type": shape.ggml_type, "switches": {"gemm": kernel, "prefill": "half", "strategy": read_as},
              "metrics": {"rows": rows, "n": shape.n, "k": shape.k, "experts": shape.experts, "kernels": m.kernels, "ms": round(m.median_ms, 4),
                          "tflops": float(f"{flops / (m.median_ms * 1e-3) / 1e12:.4g}"), "rel_err": err, "correct": err <= GEMM_TOLERANCE,
