@@ -20,7 +20,7 @@ from profiles.device import device_name
 ENV = "TINYZOO_JOURNAL"
 RESULTS = Path(__file__).resolve().parent.parent / "results"   # the project's committed records, charts and device logs
 PROJECT_JOURNAL = RESULTS / "journal.jsonl"
-KINDS = ("kernels", "speed", "breakdown", "history", "pp", "depth", "quality")   # the charts experiments/plot.py draws from records
+KINDS = ("kernels", "speed", "breakdown", "history", "pp", "depth", "quality", "gemm")   # the charts experiments/plot.py draws from records
 
 def user_journal(environ: os._Environ | dict = os.environ) -> Path:
   """Where a user's runs are journaled unless a command is given another journal."""

@@ -1,7 +1,7 @@
 """Charts from the journal: kernels/token and tok/s per variant of an experiment's latest run on each model and device,
 speed against the memory floor and the peers, the kernel mix, tok/s over commits per device, prompt processing per model
-against the peer's, decode tok/s against the depth of context before it beside the peer's at the same depths, and tok/s
-against KL divergence per variant.
+against the peer's, decode tok/s against the depth of context before it beside the peer's at the same depths, tok/s
+against KL divergence per variant, and TFLOP/s of each GEMM shape per kernel beside cuBLAS.
 
 Drawn on a bare matplotlib Figure (Agg renders the PNG; no pyplot, no display), no wider than 2,000 px (more panels wrap
 into rows), each panel titled with its device and commits; written whole or not at all: saved to a temp file beside the
@@ -446,7 +446,57 @@ def _quality(records: list[dict], experiment: str | None, model: str | None, not
              Line2D([], [], color=VARIANT_COLOR, marker="o", mec="black", ls="", label="variant")]
   return fig, handles
 
-DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp, "depth": _depth, "quality": _quality}
+def _gemm(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
+  """TFLOP/s of each GEMM shape of a model's prompt chunk (`tinyzoo gemm` records), a panel per model and device: a bar
+  for each kernel's newest record of the shape, beside cuBLAS's measured in the same run; a result off float64 by more
+  than the tolerance hatched and marked."""
+  if experiment is not None: raise ValueError(f"the gemm chart draws `tinyzoo gemm` records, which belong to no experiment (not {experiment!r})")
+  def measured(r: dict) -> bool:
+    m = _metrics(r)
+    return r.get("kind") == "gemm" and _positive(m.get("tflops")) and _number(m.get("n")) and _number(m.get("k")) and \
+      isinstance(r.get("switches"), dict) and (model is None or r.get("model") == model)
+  newest: dict[tuple, dict] = {}
+  for r in sorted(filter(measured, records), key=_time):
+    m = _metrics(r)
+    shape = (str(r.get("ggml_type")), m["n"], m["k"], m.get("experts") or 0)
+    newest[(short_device(str(r.get("device"))), str(r.get("model")), shape, str(r["switches"].get("gemm")))] = r
+  if not newest: raise ValueError(f"no GEMM record{f' of {model!r}' if model else ''} (tinyzoo gemm MODEL); nothing to plot")
+  kernels = sorted({k for *_, k in newest}, key=lambda k: (k != "tinygrad", k))   # tinygrad's, the reference, first
+  colors = {k: c for k, c in zip(kernels, (BASELINE_COLOR, VARIANT_COLOR, TOKS_COLOR, *CATEGORY_COLORS))}
+  panels = sorted({(d, mo) for d, mo, _, _ in newest})
+  shapes = {p: sorted({sh for d, mo, sh, _ in newest if (d, mo) == p}, key=lambda sh: (sh[3] > 0, -sh[1] * sh[2])) for p in panels}
+  width = 0.8 / (len(kernels) + 1)
+  fig, axes = _grid(len(panels), max(6.0, 1.3 * max(map(len, shapes.values())) + 2), 4.8)
+  for ax, (dev, mo) in zip(axes, panels):
+    chosen, top = [], 0.0
+    for i, sh in enumerate(shapes[(dev, mo)]):
+      cublas = [r["peer"]["tflops"] for k in kernels if (r := newest.get((dev, mo, sh, k))) and isinstance(r.get("peer"), dict)
+                and _positive(r["peer"].get("tflops"))]
+      for j, k in enumerate(kernels):
+        if (r := newest.get((dev, mo, sh, k))) is None: continue
+        chosen.append(r)
+        wrong = _metrics(r).get("correct") is False
+        ax.bar(i - 0.4 + (j + 0.5) * width, (t := _metrics(r)["tflops"]), width=width, color=colors[k], edgecolor="black",
+               hatch="xx" if wrong else None)
+        if wrong: ax.annotate("wrong", (i - 0.4 + (j + 0.5) * width, t), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+        top = max(top, t)
+      if cublas:
+        ax.bar(i - 0.4 + (len(kernels) + 0.5) * width, cublas[-1], width=width, color=PEER_STYLES[0][0], edgecolor="black")
+        top = max(top, cublas[-1])
+    labels = [f"{t}\n{n}x{k}" + (f"\nx{e} experts" if e else "") for t, n, k, e in shapes[(dev, mo)]]
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlabel("weight type, N x K (rows x columns)", fontsize=9)
+    ax.set_ylabel("TFLOP/s", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    rows = sorted({_metrics(r).get("rows") for r in chosen if _number(_metrics(r).get("rows"))})
+    ax.set_title(f"GEMMs of a {'/'.join(map(str, rows)) or '?'}-row prompt chunk · {mo}\n{dev} · {_commits(chosen)}", fontsize=10)
+  notes.append("each kernel's newest record of a shape, JIT steady state, dequantization counted in; cuBLAS (fp16, weights dequantized "
+               "before) measured in the same run")
+  return fig, [Patch(color=colors[k], label=f"{k} (gemm={k})") for k in kernels] + [Patch(color=PEER_STYLES[0][0], label="cuBLAS")]
+
+DRAW = {"kernels": _kernels, "speed": _speed, "breakdown": _breakdown, "history": _history, "pp": _pp, "depth": _depth, "quality": _quality,
+        "gemm": _gemm}
 
 def figure(records: list[dict], kind: str, experiment: str | None = None, model: str | None = None) -> Figure:
   """The chart as a matplotlib Figure (not saved); ValueError, one line, when there is nothing to draw."""

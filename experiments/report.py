@@ -264,6 +264,31 @@ def summary(records: list[dict]) -> str:
   head = ["device", "model", f"pp{PP} tok/s (× llama.cpp)", "decode tok/s (× llama.cpp), shallowest", "deepest", "kernels/token"]
   return "\n".join(_table(head, rows))
 
+def gemm_section(records: list[dict], chart: Chart) -> list[str]:
+  """The GEMM kernels: per device, model and shape, each kernel's newest `tinyzoo gemm` record's TFLOP/s beside cuBLAS's of
+  the same run, and the chart of them; nothing without such records."""
+  newest: dict[tuple, dict] = {}
+  for r in sorted((r for r in records if r.get("kind") == "gemm" and isinstance(r.get("metrics"), dict)
+                   and _num(r["metrics"].get("tflops")) and isinstance(r.get("switches"), dict)), key=_time):
+    m = r["metrics"]
+    newest[(short_device(str(r.get("device"))), str(r.get("model")), str(r.get("ggml_type")), m.get("n"), m.get("k"), m.get("experts") or 0,
+            str(r["switches"].get("gemm")))] = r
+  if not newest: return []
+  kernels = sorted({key[-1] for key in newest}, key=lambda k: (k != "tinygrad", k))
+  shapes = sorted({key[:-1] for key in newest}, key=lambda sh: (sh[0], sh[1], sh[5] > 0, -(sh[3] or 0) * (sh[4] or 0)))
+  rows = []
+  for sh in shapes:
+    got = {k: newest.get((*sh, k)) for k in kernels}
+    cublas = next((r["peer"]["tflops"] for r in got.values() if r and isinstance(r.get("peer"), dict) and _num(r["peer"].get("tflops"))), None)
+    cells = [f"{r['metrics']['tflops']:.3g}" + ("" if r["metrics"].get("correct", True) else " (wrong)") if r else "-" for r in got.values()]
+    shape = f"{sh[2]} {sh[3]}x{sh[4]}" + (f" x{sh[5]} experts" if sh[5] else "")
+    commits = sorted({str(r.get("commit", "?"))[:7] for r in got.values() if r})
+    rows.append([sh[0], sh[1], shape, *cells, f"{cublas:.3g}" if cublas else "-", ", ".join(commits)])
+  return ["## GEMM kernels", "", "TFLOP/s of each GEMM shape of a prompt chunk (`tinyzoo gemm`: JIT steady state, any dequantization "
+          "counted in), each kernel's newest record, beside cuBLAS's fp16 GEMM of the dequantized weights in the same run.", "",
+          *_table(["device", "model", "weight, N x K", *(f"{k} TFLOP/s" for k in kernels), "cuBLAS TFLOP/s", "commits"], rows), "",
+          chart("gemm", "gemm", list(newest.values()), "TFLOP/s of each GEMM shape per kernel", None), ""]
+
 # the page
 
 def page(records: list[dict], source: str, chart: Chart, defs: Path = named.DEFS) -> str:
@@ -279,6 +304,7 @@ def page(records: list[dict], source: str, chart: Chart, defs: Path = named.DEFS
   lines += ["", "## Experiments", "", "Each experiment's latest run on each device and model that its rule can judge, the rule's metric "
             "of the baseline and of the variant at each depth, then every variant of that run.", ""]
   for exp in exps.values(): lines += [*experiment_section(exp, records, all_devices, chart), ""]
+  lines += gemm_section(records, chart)
   lines += ["## Speed beside llama.cpp", "", f"Per device and model, the latest plain bench record (no experiment's) of prompt processing "
             f"of {PP} tokens from an empty context (pp{PP}) and of decode after each depth of context recorded (tg dD): llama.cpp / "
             "tinyzoo tok/s (tinyzoo ÷ llama.cpp), llama.cpp measured in the same run; kernels per token and the memory floor (ms to "

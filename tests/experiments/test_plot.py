@@ -44,7 +44,20 @@ def records() -> list[dict]:
   for i, r in enumerate(strategy + rounding):   # quality measured beside speed: perplexity, and KL divergence from the baseline
     r["quality"] = {"perplexity": 11.0 + i / 10, "tokens": 255, "windows": 1, "ctx": 512,
                     **({} if r["baseline"] else {"kl_mean": 0.001 * i, "top1": 0.99 - i / 100})}
-  return old + history + strategy_old + strategy + rounding
+  return old + history + strategy_old + strategy + rounding + gemm_records()
+
+def gemm(time: str, model: str, kernel: str, n: int, k: int, tflops: float, cublas: float | None = None, correct: bool = True) -> dict:
+  return {"time": f"2026-11-{time}+00:00", "commit": "f00dfeed1234", "dirty": False, "device": DEVICE, "kind": "gemm", "model": model,
+          "tensor": "blk.0.ffn_up.weight", "ggml_type": "Q4_0", "switches": {"gemm": kernel, "prefill": "half"},
+          "metrics": {"rows": 512, "n": n, "k": k, "experts": 0, "kernels": 2, "ms": 0.1, "tflops": tflops, "rel_err": 2e-4,
+                      "correct": correct, "iters": 20}, **({"peer": {"engine": "cuBLAS", "tflops": cublas}} if cublas else {})}
+
+def gemm_records() -> list[dict]:
+  """`tinyzoo gemm` records of two models, two kernels and two shapes, an older one of a shape measured again."""
+  return [gemm("23T01:00:00", "smollm2-135m", "mma", 1536, 576, 9.0), gemm("23T02:00:00", "smollm2-135m", "mma", 1536, 576, 30.0, 90.0),
+          gemm("23T02:00:01", "smollm2-135m", "tinygrad", 1536, 576, 12.0, 90.0), gemm("23T02:00:02", "smollm2-135m", "tinygrad", 576, 576, 5.0),
+          gemm("23T02:00:03", "gemma3-270m", "tinygrad", 2048, 640, 20.0, 70.0), gemm("23T02:00:04", "gemma3-270m", "mma", 2048, 640, 1.0,
+                                                                                      correct=False)]
 
 def check_png(path: Path) -> None:
   assert path.read_bytes()[:8] == PNG
@@ -64,7 +77,8 @@ def more_colors_than(img: np.ndarray, n: int) -> bool:
 
 VARIANTS = {"kernels": ["packed_dot", "fused", "dequant_cache_fp16", "exact", "ggml"], "speed": ["packed_dot", "fused", "exact", "ggml"],
             "breakdown": ["packed_dot", "fused", "exact", "ggml"], "history": ["ccccccc", "ddddddd", "eeeeeee"], "pp": ["0.09x", "llama.cpp"],
-            "depth": ["tinyzoo", "llama.cpp", "depth: tokens of context"], "quality": ["packed_dot", "fused", "exact", "ggml", "mean KL divergence"]}
+            "depth": ["tinyzoo", "llama.cpp", "depth: tokens of context"], "quality": ["packed_dot", "fused", "exact", "ggml", "mean KL divergence"],
+            "gemm": ["tinygrad", "mma", "cuBLAS", "1536x576", "wrong"]}
 
 @pytest.mark.parametrize("kind", plot.KINDS)
 def test_each_kind_renders_png_and_svg(kind: str, records: list[dict], tmp_path: Path):
@@ -83,6 +97,8 @@ def test_titles_name_model_device_and_commit(kind: str, records: list[dict]):
   titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
   assert titles and all(SHORT in t and "commit" in t for t in titles)
   if kind == "pp": assert len(titles) == 1   # one device: a pair of bars per model
+  elif kind == "gemm":
+    assert sorted(titles) == [f"GEMMs of a 512-row prompt chunk · {m}\n{SHORT} · commit f00dfee" for m in ("gemma3-270m", "smollm2-135m")]
   elif kind == "depth":   # plain benches, each panel's newest at each depth
     assert sorted(titles) == [f"bench · gemma3-270m\n{SHORT} · commit bbbbbbb", f"bench · smollm2-135m\n{SHORT} · commit eeeeeee"]
   elif kind != "history":
@@ -221,9 +237,9 @@ def test_missing_fields_never_crash(kind: str, records: list[dict]):
     assert plot.figure(mixed, kind).axes
   # a field gone from every record: the charts that need it say so in one line, the others draw
   needs = {"metrics": "prompt processing" if kind == "pp" else "metrics.depth" if kind == "depth" else
-           "metrics.tok_s and quality" if kind == "quality" else
+           "metrics.tok_s and quality" if kind == "quality" else "no GEMM record" if kind == "gemm" else
            f"metrics.{'tok_s' if kind in ('speed', 'history') else 'kernel_categories' if kind == 'breakdown' else 'kernels_per_token'}",
-           "variant": "without a variant name" if kind not in ("history", "pp", "depth") else None}
+           "variant": "without a variant name" if kind not in ("history", "pp", "depth", "gemm") else None}
   for field in ("metrics", "time", "run", "variant"):
     if needs.get(field) is None: assert plot.figure([drop(r, field) for r in records], kind).axes, field
     else:
@@ -291,3 +307,10 @@ def test_quality_draws_each_variant_at_its_divergence_and_speed(records: list[di
   assert "llama.cpp 67.5 tok/s" in labels   # the peer measured in the run
   speed_only = [{k: v for k, v in r.items() if k != "quality"} for r in records]
   with pytest.raises(ValueError, match="has metrics.tok_s and quality"): plot.figure(speed_only, "quality", experiment="strategy")
+
+def test_the_gemm_chart_draws_each_kernels_newest_record_of_a_shape_beside_cublas(records: list[dict]):
+  fig = plot.figure(records, "gemm", model="smollm2-135m")
+  (ax,) = [ax for ax in fig.axes if ax.get_title()]
+  heights = [round(b.get_height(), 1) for b in ax.patches]
+  assert heights == [12.0, 30.0, 90.0, 5.0]   # 1536x576 (the larger first): tinygrad, mma's newest, cuBLAS; 576x576: tinygrad alone
+  with pytest.raises(ValueError, match="belong to no experiment"): plot.figure(records, "gemm", experiment="strategy")
