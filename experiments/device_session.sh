@@ -17,6 +17,9 @@
 #   profile:PRESET[:Q]  the same model's decode step kernel by kernel, each kernel launched alone (JIT=2), to $OUT
 #   ncu:PRESET[:Q]      the decode step kernel by kernel, each kernel's device time inside its CUDA graph (Nsight Compute)
 #   ncu-peer:PRESET[:Q] llama-bench's decode of the same model under Nsight Compute alike: each kernel's median time, per launch size
+#   gemm:PRESET[:Q]     `tinyzoo gemm` of that model: each GEMM shape of a prompt chunk under each GEMM kernel, cuBLAS beside, journaled
+#   ncu-gemm:PRESET[:Q] the hand-written GEMMs of `tinyzoo gemm --kernels mma` under Nsight Compute: throughput, occupancy and
+#                       warp stall reasons of each shape's kernel, to $OUT
 # A check, gemv, bench, profile or ncu step may end in +SWITCH... (e.g. bench:llama3.2-1b:Q4_0+norm=break): --SWITCH for each;
 # bench and profile decode after 32 tokens of context unless one says +depth=D (bench: D[,D...], llama-bench at the same -d)
 # (check takes every hint's flag, e.g. check+split-kv=2; gemv --pdl, --pdl-prefetch, --strategies=S, --gpu-sizes=T,B,R,
@@ -91,6 +94,11 @@ for item in "$@"; do
     ncu-peer:*) file=$(model "${step#ncu-peer:}") && llama_bench_ready && [ -n "${LLAMA_BENCH:-}" ] &&
                 python3 -m experiments.peer_llamacpp "$file" --ncu-llama-bench "$LLAMA_BENCH" --prompt-tokens 32 --tokens 16 \
                   > "$OUT/ncu-peer-$(basename "$file" .gguf).txt" || status=1 ;;
+    gemm:*) file=$(model "${step#gemm:}") && python3 -m tinyzoo gemm "$file" --iters 50 "${flags[@]}" || status=1 ;;
+    ncu-gemm:*) file=$(model "${step#ncu-gemm:}") &&
+                ncu --kernel-name regex:gemm_mma --section SpeedOfLight --section Occupancy \
+                  --section WarpStateStats --section LaunchStats python3 -m tinyzoo gemm "$file" --kernels mma --iters 3 --no-journal \
+                  > "$OUT/ncu-gemm-$(basename "$file" .gguf).txt" 2>&1 || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -18,7 +18,7 @@ from tinygrad import Device
 from experiments.bench import BenchConfig, bench, pm
 from experiments.journal import context, latest_runs, number as _number
 from experiments.profile import findings_text
-from ops.cuda import mma_refusal
+from ops.cuda import hint_refusal
 from experiments.quality import DEFAULT_CTX, DEFAULT_TEXT, Probe
 from models.catalog import ModelNotFound, model_label
 from profiles.hints import HINTS, check
@@ -210,7 +210,8 @@ def unmet(exp: Experiment, model: str, model_path: Callable[[str], Path], device
   device can run the experiment; the model's are read from its file's tensor directory, no weight loaded."""
   for need, wrong, wants in ((Needs.GPU, on_cpu(device), "a GPU"), (Needs.CPU, not on_cpu(device), "the CPU")):
     if need in exp.needs and wrong: return f"{exp.name} needs {wants}: this device is {device}"
-  if any(v.switches.get("gemm") == "mma" for v in exp.all_variants) and (why := mma_refusal(device)) is not None: return f"{exp.name}: {why}"
+  for why in (hint_refusal(hint, value, device) for v in exp.all_variants for hint, value in v.switches.items()):
+    if why is not None: return f"{exp.name}: {why}"
   if not (needs := [n for n in exp.needs if n not in (Needs.GPU, Needs.CPU)]): return None
   g = GGUFFile(model_path(model))
   for need in needs:

@@ -7,6 +7,7 @@ from tinygrad.dtype import DType
 from tinygrad.uop.ops import sint
 from ops.attention import KVCache, fused_attention
 from ops.activations import Gated
+from ops.cuda import flash_decode, flash_prefill, flash_refusal
 from ops.norm import NormedInput, rms_norm, rms_scale
 from ops.rope import apply_rope
 from quant.linear import gemm_dtype
@@ -60,6 +61,7 @@ class Attention:
     self.cfg, self.spec, self.variant, self.softmax, self.norm = cfg, spec, w.hints.attention, w.hints.softmax, w.hints.norm
     self.split, self.weights_break, self.upcast = w.hints.split_kv, w.hints.weights_break, w.hints.casts == "keep"
     self.chunk_dtype = gemm_dtype(w.hints.prefill)
+    self.decode_kernel, self.prefill_kernel = w.hints.decode_attention, w.hints.prefill_attention
     self.qkv = w.projections([f"{prefix}.attn_{n}" for n in "qkv"])
     self.o = w.linear(f"{prefix}.attn_output")
     self.q_norm = w.vector(f"{prefix}.attn_q_norm.weight") if spec.qk_norm else None
@@ -114,11 +116,26 @@ class Attention:
   def _attend(self, q: Tensor, k: Tensor, v: Tensor, start_pos: sint, rope: tuple[Tensor, Tensor], q_norm: tuple[Tensor, float] | None,
               key_rope: tuple[Tensor, Tensor] | None = None, k_norm: tuple[Tensor, float] | None = None) -> Tensor:
     B, _, T, _ = q.shape
+    if (written := self._flash_reads(q, start_pos, q_norm, key_rope, k_norm)) is not None:
+      flash = flash_decode if T == 1 else flash_prefill
+      out = flash(apply_rope(q, *rope, self.spec.interleaved), written, start_pos, scale=self.spec.scale, window=self.spec.window,
+                  sinks=self.sinks, softcap=self.spec.softcap)
+      return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
     out = fused_attention(q, k, v, start_pos, scale=self.spec.scale, q_rope=(*rope, self.spec.interleaved), window=self.spec.window,
                           sinks=self.sinks, softcap=self.spec.softcap, q_norm=q_norm, key_rope=key_rope, k_norm=k_norm, variant=self.variant,
                           softmax=self.softmax, chunk_dtype=self.chunk_dtype, split=self.split, weights_break=self.weights_break,
                           upcast=self.upcast)
     return self.o(out.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.v_head_dim))
+
+  def _flash_reads(self, q: Tensor, start_pos: sint, q_norm: tuple[Tensor, float] | None, key_rope: tuple[Tensor, Tensor] | None,
+                   k_norm: tuple[Tensor, float] | None) -> tuple[Tensor, ...] | None:
+    """The cache's buffers as written for the flash kernels (ops/cuda: flash_decode, flash_prefill), where the hint of this
+    step (decode_attention for one query row, prefill_attention for a chunk's) chooses them and they take it: a cache of
+    heads, q normalized already and keys rotated as stored; None for tinygrad's kernels."""
+    kernel = self.decode_kernel if q.shape[2] == 1 else self.prefill_kernel
+    if kernel != "flash" or q_norm is not None or key_rope is not None or k_norm is not None: return None
+    written = (self.cache.kv,) if self.cache.kv is not None else (self.cache.k, self.cache.v)
+    return written if flash_refusal(q, written, start_pos, 1 if q.shape[2] == 1 else None) is None else None
 
 def kv_cache_dtype(hints: Hints) -> DType:
   """The KV cache's type: fp16 with the hint kv_cache=half or under ggml rounding (as llama.cpp's default cache; attention

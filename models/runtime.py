@@ -16,8 +16,9 @@ from typing import Iterator
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import UOp
-from ops.cuda import mma_refusal
+from ops.cuda import HAND_WRITTEN, hint_refusal
 from ops.kernels import count_kernels
+from models.blocks import kv_cache_dtype
 from models.config import ModelConfig
 from models.jit_cache import JitStore, cache_key, capture_sources, state_of
 from models.registry import architecture_of
@@ -69,7 +70,12 @@ class Runtime:
     if max_context is not None and max_context < 1: raise ValueError(f"--ctx must be positive, got {max_context}")
     self.max_context = min(max_context or DEFAULT_CONTEXT, self.cfg.context_length)
     self.chunk = min(h.prefill_chunk, self.max_context)
-    if h.gemm == "mma" and (why := mma_refusal(device or Device.DEFAULT)) is not None: raise ValueError(f"hint gemm: {why}")
+    for hint in HAND_WRITTEN:
+      if (why := hint_refusal(hint, getattr(h, hint), device or Device.DEFAULT)) is not None: raise ValueError(f"hint {hint}: {why}")
+    for hint in ("decode_attention", "prefill_attention"):
+      if getattr(h, hint) == "flash" and (kv_cache_dtype(h) != dtypes.float16 or h.kv_layout != "heads"):
+        raise ValueError(f"hint {hint}: flash reads an fp16 cache of heads (kv_cache half, kv_layout heads), not kv_cache {h.kv_cache}, "
+                         f"kv_layout {h.kv_layout}")
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))
     except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
-from ops.cuda import GEMMS
+from ops.cuda import ATTENTIONS, GEMMS, MIN_CAPABILITY
 from ops.attention import CHUNK, LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
@@ -98,6 +98,13 @@ def _split_on_gpus(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:
   return chunks, (f"{shapes.n_heads} heads of {shapes.kv_width} cache elements a position: parts of {chunks} chunks of {CHUNK} "
                   f"positions (about {SPLIT_PART_ELEMENTS:,} elements) spread a long context over the GPU's {sms}")
 
+def _mma_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
+  """gemm_mma on a CUDA GPU of compute capability 8.0 or later (mma.sync, ldmatrix, cp.async): it reads Q4_0, Q8_0 and
+  MXFP4 words itself and stages its tiles in shared memory, where tinygrad's tensor-core GEMMs, of weights dequantized
+  first, stage none (the gpu-kernels experiment measures both)."""
+  if m.compute_capability is None or tuple(map(int, m.compute_capability.split("."))) < MIN_CAPABILITY: return None
+  return "mma", f"compute capability {m.compute_capability}: mma.sync tiles staged by cp.async (ops/cuda/gemm_mma.cu)"
+
 @dataclass(frozen=True)
 class Hint:
   default: Any                    # the built-in value, or a function of nothing giving it when hints are resolved
@@ -110,8 +117,8 @@ class Hint:
 
   def default_value(self) -> Any: return self.default() if callable(self.default) else self.default
 
-def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = False) -> Hint:
-  return Hint(default, _one_of(choices), help, choices, run_only=run_only)
+def _choice(default: str, choices: tuple[str, ...], help: str, run_only: bool = False, rule: Rule | None = None) -> Hint:
+  return Hint(default, _one_of(choices), help, choices, run_only=run_only, rule=rule)
 
 HINTS: dict[str, Hint] = {
   "strategy": Hint("packed_dot", _strategy, f"how matmuls read the packed weights: one of {', '.join(STRATEGIES)}, optionally followed "
@@ -182,11 +189,19 @@ HINTS: dict[str, Hint] = {
                         "(as a decode step: queries through attn_k_b, the latent output through attn_v_b), expanded (each position "
                         "read expanded to every head's key and value, then plain attention) or auto (whichever costs fewer "
                         "multiplications for the chunk's rows: expanded for hundreds of rows)"),
+  "decode_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a decode step's attention over an fp16 cache of "
+                              "heads (kv_cache half, kv_layout heads): tinygrad's (attention, split_kv, softmax), or flash "
+                              "(ops/cuda/decode_attention.cu: flash-decoding, the positions split into parts whose blocks each read "
+                              "a kv head once for its query heads, then their combine; CUDA GPUs); another step, tinygrad's"),
+  "prefill_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a prompt chunk's attention over an fp16 cache of heads "
+                               "(kv_cache half, kv_layout heads): tinygrad's (logits and value sums as GEMMs over the chunks read), "
+                               "or flash (ops/cuda/prefill_attention.cu: one tiled kernel, online softmax, no score tensor in "
+                               "memory; heads of up to 128; CUDA GPUs); other heads, tinygrad's"),
   "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
                   "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "
                   "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words decoded "
                   "on their way in, other types dequantized to fp16 first; CUDA GPUs of compute capability 8.0 and later; a GEMM it "
-                  "does not take, tinygrad's)"),
+                  "does not take, tinygrad's; by rule mma on such a GPU)", rule=_mma_on_tensor_core_gpus),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

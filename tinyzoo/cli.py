@@ -122,7 +122,10 @@ def cmd_hints(args) -> None:
   import json
   from profiles.device import not_applied, resolve_hints
   from profiles.hints import ENV, HINTS
+  from tinygrad import Device
+  from models.kernels import hand_written
   from profiles.machine import this_machine
+  from quant.gguf_file import GGUFFile
   hints = resolve_hints(path := resolve_model(args.model), {}, profile=True)
   if args.json: return print(json.dumps({"hints": hints.as_dict()}))
   print(f"kernel hints for {path.name} on {this_machine().describe()}: runtime ({ENV}) > profile "
@@ -132,6 +135,9 @@ def cmd_hints(args) -> None:
     value = hints.as_dict()[name]["value"]
     why = f"{hints.reasons[name]}. " if name in hints.reasons else ""
     print(f"  {name:<15} {','.join(value) if isinstance(value, list) else str(value):<22} {hints.sources[name]:<9} {why}{hint.help}")
+  if uses := hand_written(GGUFFile(path), hints, Device.DEFAULT):
+    print("hand-written kernels on this model:")
+    for kernel, takes in uses: print(f"  {kernel}: {takes}")
 
 def cmd_bench(args) -> None:
   from experiments import journal

@@ -7,12 +7,13 @@ rendered, tell the scheduler what it writes and reads; the launch sizes are give
 indices (SPECIAL) tinygrad would have rendered. Which kernel a matmul takes is a hint (`gemm`); tinygrad's kernel stays
 the reference each one is tested against."""
 import ctypes
+import dataclasses
 import functools
 import math
 from pathlib import Path
 from tinygrad import Tensor, dtypes
 from tinygrad.renderer import Estimates
-from tinygrad.uop.ops import KernelInfo, Ops, UOp
+from tinygrad.uop.ops import KernelInfo, Ops, UOp, sint
 
 HERE = Path(__file__).parent
 GEMMS = ("tinygrad", "mma")   # the `gemm` hint's choices: tinygrad's generated GEMM, or gemm_mma.cu's
@@ -20,18 +21,22 @@ MIN_CAPABILITY = (8, 0)       # mma.sync m16n8k16, ldmatrix and cp.async: Ampere
 
 class KernelRefused(ValueError): pass
 
-def source(file: str, name: str, **defines: int) -> str:
-  """A kernel's CUDA C from this folder with its defines (its name, its sizes) before it."""
-  return "".join(f"#define {k} {v}\n" for k, v in {"NAME": name, **defines}.items()) + (HERE / file).read_text()
+def source(file: str, name: str, **defines: int | str) -> str:
+  """A kernel's CUDA C from this folder with its defines (its name, its sizes) and what the kernels share (common.cuh)
+  before it."""
+  return "".join(f"#define {k} {v}\n" for k, v in {"NAME": name, **defines}.items()) + (HERE / "common.cuh").read_text() + (HERE / file).read_text()
 
-def program(name: str, code: str, grid: tuple[int, int, int], block: tuple[int, int, int], flops: int = 0):
+def program(name: str, code: str, grid: tuple[int, int, int], block: tuple[int, int, int], flops: int = 0, variables: tuple[UOp, ...] = ()):
   """What `Tensor.custom_kernel` calls to make the program: `code` launched on `grid` blocks of `block` threads, its
-  first parameter written and the others read."""
+  first parameter written and the others read, then each of `variables` (the JIT's, e.g. a decode step's position) as
+  an int argument after the buffers, its value the one bound where the program runs."""
   def make(*params: UOp) -> UOp:
     out, *ins = [p.flatten() for p in params]
     first = UOp.const(0, dtypes.int)
     sizes = [UOp.special(n, f"{kind}idx{i}") for kind, dims in (("g", grid), ("l", block)) for i, n in enumerate(dims)]
-    read = sum((b.index(first).load().cast(dtypes.float32) for b in ins), sum(s.cast(dtypes.float32) for s in sizes))
+    args = [UOp.variable(v.expr, v.vmin, v.vmax, dtypes.int32, param=True) for v in variables]
+    args = [a.replace(arg=dataclasses.replace(a.arg, slot=len(params) + i)) for i, a in enumerate(args)]   # after the buffers
+    read = sum((b.index(first).load().cast(dtypes.float32) for b in ins), sum(s.cast(dtypes.float32) for s in sizes + args))
     nbytes = sum(p.dtype.itemsize * math.prod(p.shape) for p in params)
     info = KernelInfo(name=name, estimates=Estimates(ops=flops, lds=nbytes, mem=nbytes))
     return UOp(Ops.PROGRAM, src=(UOp.sink(out.index(first).store(read), arg=info), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=code)))
@@ -56,11 +61,20 @@ def multiprocessors(device: str) -> int | None:
   except (AttributeError, ImportError, OSError): return None
   return count.value if ok else None
 
-def mma_refusal(device: str) -> str | None:
-  """Why gemm_mma cannot run on `device`, in one line; None where it can."""
-  if (cc := capability(device)) is None: return f"gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not {device}"
-  if cc < MIN_CAPABILITY: return f"gemm mma needs compute capability {'.'.join(map(str, MIN_CAPABILITY))} or later, this GPU has {cc[0]}.{cc[1]}"
+def refusal(kernel: str, device: str) -> str | None:
+  """Why a hand-written kernel cannot run on `device`, in one line; None where it can."""
+  if (cc := capability(device)) is None: return f"{kernel} runs on CUDA GPUs (tinygrad's CUDA backend), not {device}"
+  if cc < MIN_CAPABILITY: return f"{kernel} needs compute capability {'.'.join(map(str, MIN_CAPABILITY))} or later, this GPU has {cc[0]}.{cc[1]}"
   return None
+
+# the hints whose value takes a hand-written kernel of this folder, and that value
+HAND_WRITTEN = {"gemm": "mma", "decode_attention": "flash", "prefill_attention": "flash"}
+
+def hint_refusal(hint: str, value: object, device: str) -> str | None:
+  """Why a hint's value cannot run on `device` (a hand-written kernel off a CUDA GPU), in one line; None where it can."""
+  return refusal(f"{hint} {value}", device) if HAND_WRITTEN.get(hint) == value else None
+
+def mma_refusal(device: str) -> str | None: return hint_refusal("gemm", "mma", device)
 
 GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
 # the packed weights gemm_mma reads as they are stored (quant/words.py's word layout): GGML type name -> its WEIGHTS
@@ -122,3 +136,91 @@ def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, til
     raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
   return _gemm(a, words.shape[-3], GEMM_WORD_TYPES[ggml_type], (words, scales), tile_expert)
+
+# the `decode_attention` and `prefill_attention` hints' choices: tinygrad's kernels (ops/attention.py), or the flash
+# kernels of decode_attention.cu (flash-decoding) and prefill_attention.cu (flash attention)
+ATTENTIONS = ("tinygrad", "flash")
+ATTENTION_THREADS = 128
+ATTENTION_TILE = 64   # prefill_attention.cu's query rows a block
+
+def flash_decode_parts(kv_heads: int, positions: int, sms: int | None) -> int:
+  """Parts a decode step's positions split into: a power of two giving at least two blocks an SM over the kv heads (32
+  SMs assumed where the driver does not say), no more than the cache has tiles of 32 positions."""
+  want = math.ceil(2 * (sms or 32) / kv_heads)
+  return max(1, min(1 << (want - 1).bit_length(), positions // 32))
+
+def _cache(kv: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+  """A cache's keys and values, from its written buffers: (k, v), or one [2, 1, Hkv, L, D] holding both."""
+  return (kv[0][0], kv[0][1]) if len(kv) == 1 else (kv[0], kv[1])
+
+def flash_refusal(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, rows: int | None = None) -> str | None:
+  """Why the flash kernels cannot take this attention, in one line; None where they can: q [1, Hq, T, D] of one sequence
+  (T `rows`: 1 for flash_decode, the chunk's for flash_prefill) against an fp16 cache of heads (kv: k [1, Hkv, L, D] and
+  v, or both as one [2, 1, Hkv, L, D]), at most 16 query heads a kv head, a position that is a number or one variable,
+  and the head sizes the kernel is written for: keys of whole 16-byte rows and values of 32 to 256 columns in steps of 32
+  (decode), both 16 to 128 in steps of 16 (prefill)."""
+  k, v = _cache(kv)
+  what = "flash decoding" if rows == 1 else "flash attention"
+  if q.ndim != 4 or q.shape[0] != 1 or (rows is not None and q.shape[2] != rows):
+    return f"{what} takes {'one query row' if rows == 1 else 'query rows'} of one sequence, not q of {q.shape}"
+  if k.dtype != dtypes.float16 or v.dtype != dtypes.float16: return f"{what} reads an fp16 cache, not {k.dtype.name}"
+  if not _fixed(q, k, v) or k.ndim != 4 or k.shape[0] != 1: return f"{what} reads a cache of heads [1, Hkv, L, D], not {k.shape}"
+  (_, hq, _, d), (_, hkv, _, dk), dv = q.shape, k.shape, v.shape[-1]
+  if d != dk or hq % hkv or hq // hkv > 16: return f"{what} takes up to 16 query heads a kv head of one size: {hq} of {d}, {hkv} of {dk}"
+  if rows == 1 and (d % 8 or dv % 32 or dv > 256):
+    return f"{what} takes keys of whole 16-byte rows and value heads of 32 to 256 columns, not {d} and {dv}"
+  if rows == 1 and 4 * (hq // hkv) * (d + ATTENTION_THREADS // 32 * (dv + 2)) > 48 * 1024:
+    return f"{what} keeps a block's query rows and sums in 48 KB of shared memory: {hq // hkv} query heads a kv head of {d} and {dv} do not fit"
+  if rows != 1 and (d % 16 or dv % 16 or d > 128 or dv > 128):
+    return f"{what} takes key and value heads of 16 to 128 in steps of 16, not {d} and {dv}"
+  if not isinstance(start_pos, int) and len(start_pos.variables()) != 1: return f"{what} takes a position of one variable"
+  return None
+
+def _attention_source(file: str, name: str, q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, scale: float, window: int | None,
+                      sinks: Tensor | None, softcap: float | None, **more: int) -> str:
+  """A flash kernel's source with the defines both take: the heads, the cache, the softmax's scale, cap, window and sinks,
+  where V lies, and the position where it is a number."""
+  k, v = _cache(kv)
+  (_, hq, _, d), (_, hkv, positions, _) = q.shape, k.shape
+  return source(file, name, HKV=hkv, G=hq // hkv, D=d, DV=v.shape[-1], L=positions, WINDOW=window or 0, SCALE=f"{float(scale)!r}f",
+                SOFTCAP=f"{float(softcap or 0)!r}f", SINKS=int(sinks is not None), V_OFFSET=hkv * positions * d if len(kv) == 1 else 0,
+                SEPARATE_V=int(len(kv) == 2), **more, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
+
+def _variables(start_pos: sint) -> tuple[UOp, ...]: return () if isinstance(start_pos, int) else tuple(start_pos.variables())
+
+def flash_decode(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, *, scale: float, window: int | None = None, sinks: Tensor | None = None,
+                 softcap: float | None = None) -> Tensor:
+  """Attention of one query row q [1, Hq, 1, D] (float32, rotated and normalized) over positions 0 .. start_pos of an fp16
+  cache kv (as written, after this step's write: (k, v) or one [2, 1, Hkv, L, D] buffer of both), decode_attention.cu's
+  two kernels: the parts, then their combine -> [1, Hq, 1, Dv] float32. Softmax(q.k * scale), soft-capped, within a
+  sliding window, with a sink logit per query head: as ops/attention.py's attention (where `flash_refusal` is None)."""
+  if (why := flash_refusal(q, kv, start_pos, 1)) is not None: raise KernelRefused(why)
+  k, v = _cache(kv)
+  (_, hq, _, d), (_, hkv, positions, _), dv = q.shape, k.shape, v.shape[-1]
+  parts = flash_decode_parts(hkv, positions, multiprocessors(q.device))
+  name = f"r_flash_decode_{hq}x{hkv}x{d}x{dv}x{positions}"   # r_: reduces, as tinygrad names them
+  code = _attention_source("decode_attention.cu", name, q, kv, start_pos, scale, window, sinks, softcap, PARTS=parts)
+  qs = q.reshape(hq, d).cast(dtypes.float32).contiguous()
+  part_sums = Tensor.empty(hq, parts, dv + 2, dtype=dtypes.float32, device=q.device)
+  reads = 2 * hq * positions * (d + dv)
+  part_sums = Tensor.custom_kernel(part_sums, qs, *kv, fxn=program(f"{name}_parts", code, (parts, hkv, 1), (ATTENTION_THREADS, 1, 1), reads,
+                                                                  _variables(start_pos)))[0]
+  out = Tensor.empty(hq, dv, dtype=dtypes.float32, device=q.device)
+  ins = (part_sums,) + (() if sinks is None else (sinks.cast(dtypes.float32).contiguous(),))
+  return Tensor.custom_kernel(out, *ins, fxn=program(f"{name}_combine", code, (hq, 1, 1), (dv, 1, 1)))[0].reshape(1, hq, 1, dv)
+
+def flash_prefill(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, *, scale: float, window: int | None = None,
+                  sinks: Tensor | None = None, softcap: float | None = None) -> Tensor:
+  """A prompt chunk's attention, q [1, Hq, T, D] (rotated and normalized; row i at position start_pos + i) over an fp16
+  cache kv as written after the chunk's write, causal, as prefill_attention.cu's one tiled kernel -> [1, Hq, T, Dv]
+  float32: no [T, positions] score tensor in memory. As ops/attention.py's attention (where `flash_refusal` is None)."""
+  if (why := flash_refusal(q, kv, start_pos)) is not None: raise KernelRefused(why)
+  k, v = _cache(kv)
+  (_, hq, t, d), (_, hkv, positions, _), dv = q.shape, k.shape, v.shape[-1]
+  name = f"r_flash_prefill_{hq}x{hkv}x{t}x{d}x{dv}x{positions}"
+  code = _attention_source("prefill_attention.cu", name, q, kv, start_pos, scale, window, sinks, softcap, T=t)
+  out = Tensor.empty(hq, t, dv, dtype=dtypes.float32, device=q.device)
+  ins = (q.reshape(hq, t, d).cast(dtypes.float16).contiguous(), *kv) + (() if sinks is None else (sinks.cast(dtypes.float32).contiguous(),))
+  flops = 2 * hq * t * positions * (d + dv)   # as if every row saw the whole cache: an upper bound
+  return Tensor.custom_kernel(out, *ins, fxn=program(name, code, (math.ceil(t / ATTENTION_TILE), hq, 1), (ATTENTION_THREADS, 1, 1), flops,
+                                                     _variables(start_pos)))[0].reshape(1, hq, t, dv)

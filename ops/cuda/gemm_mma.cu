@@ -11,7 +11,6 @@
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
 // The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
-#include <cuda_fp16.h>
 #if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 3
 #error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-3"
 #endif
@@ -27,16 +26,6 @@
 // a shared tile's rows are BK halfs, four 16-byte chunks; chunk c of row r lies at chunk c ^ ((r / 2) % 4), so that the
 // eight rows ldmatrix reads at one chunk, and cp.async's stores, meet no bank twice
 __device__ __forceinline__ int at(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 3); }
-
-__device__ __forceinline__ void copy16(half* smem, const void* gmem, bool valid) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void ldmatrix4(unsigned* r0, unsigned* r1, unsigned* r2, unsigned* r3, const half* smem) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(*r0), "=r"(*r1), "=r"(*r2), "=r"(*r3) : "r"(s));
-}
 
 #if WEIGHTS
 // two quants of a word's bytes k and k+1 (k = 0 or 2), `shift` bits up in each byte and 4 or 8 bits wide, as a half2
@@ -112,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
       copy16(&Bs[stage][at(r, c & 3)], W + (expert * N + (gn < N ? gn : N - 1)) * K + k0 + (c & 3) * 8, gn < N);
     }
 #endif
-    asm volatile("cp.async.commit_group;\n" ::);
+    copies_commit();
   };
 
 #if WEIGHTS
@@ -157,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     if (s < steps) copy(s, s);
-    else asm volatile("cp.async.commit_group;\n" ::);
+    else copies_commit();
   }
 #if WEIGHTS
   fetch(0);
@@ -168,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
     asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
     __syncthreads();   // step t's tiles are in; every warp is past step t-1, whose stage the next copy takes
     if (t + STAGES - 1 < steps) copy((t + STAGES - 1) % STAGES, t + STAGES - 1);
-    else asm volatile("cp.async.commit_group;\n" ::);
+    else copies_commit();
     const half* as = As[t % STAGES];
 #if WEIGHTS == 0
     const half* bs = Bs[t % STAGES];
@@ -177,23 +166,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
 #endif
     #pragma unroll
     for (int kk = 0; kk < BK / 8; kk += 2) {   // two chunks (16 of K) a product
-      unsigned a[MI][4], b[4][2];
+      unsigned a[MI][4], b[4][2], r[4];
       // A's 16 x 16 fragments: lanes 0-15 give rows 0-15 at the first chunk, lanes 16-31 the same rows at the second
       #pragma unroll
-      for (int i = 0; i < MI; i++)
-        ldmatrix4(&a[i][0], &a[i][1], &a[i][2], &a[i][3], as + at(wm + i * 16 + (lane & 15), kk + (lane >> 4)));
+      for (int i = 0; i < MI; i++) ldmatrix4(a[i], as + at(wm + i * 16 + (lane & 15), kk + (lane >> 4)));
       // W's 16 x 8 fragments two at a time: lanes 0-7 rows (n) 0-7 at the first chunk, 8-15 at the second, 16-31 rows 8-15
       #pragma unroll
-      for (int j = 0; j < 4; j += 2)
-        ldmatrix4(&b[j][0], &b[j][1], &b[j + 1][0], &b[j + 1][1],
-                  bs + at(wn + j * 8 + (lane & 7) + (lane >> 4) * 8, kk + ((lane >> 3) & 1)));
+      for (int j = 0; j < 4; j += 2) {
+        ldmatrix4(r, bs + at(wn + j * 8 + (lane & 7) + (lane >> 4) * 8, kk + ((lane >> 3) & 1)));
+        b[j][0] = r[0]; b[j][1] = r[1]; b[j + 1][0] = r[2]; b[j + 1][1] = r[3];
+      }
       #pragma unroll
       for (int i = 0; i < MI; i++)
         #pragma unroll
-        for (int j = 0; j < 4; j++)
-          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                       : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                       : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+        for (int j = 0; j < 4; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
     }
 #if WEIGHTS
     // step t+1's words into the stage step t-1 read (every warp is past it), then step t+2's fetched

@@ -10,7 +10,9 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
-from ops.cuda import GEMM_WORD_TYPES, KernelRefused, gemm_mma, gemm_mma_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
+from ops.attention import attention, cache_positions
+from ops.cuda import GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_parts, flash_prefill, flash_refusal, gemm_mma, gemm_mma_applies, \
+  gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
   gemm_tile_rows, mma_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
 from quant.linear import QuantExperts, QuantLinear, gemm
@@ -37,6 +39,18 @@ def test_a_programs_launch_sizes_reads_and_writes():
   assert code.startswith("#define NAME r_gemm_mma_f16_77x300x96\n#define M 77\n#define N 300\n#define K 96\n#define WEIGHTS 0\n#define GROUPED 0\n"
                          f"#define BM {bm}\n")
   assert "mma.sync" in code
+
+def test_every_program_passes_tinygrads_tensor_spec(rng: np.random.Generator):
+  """What lowering a program checks first (tinygrad's spec_tensor): launch sizes as SPECIALs of weakint, the variables
+  after the buffers; a CUDA GPU would refuse the program at its first realize otherwise."""
+  from tinygrad.uop.spec import spec_tensor, type_verify
+  _, w = _words(T.Q4_0, 300, 96, rng)
+  x = Tensor.empty(77, 96, dtype=dtypes.float16)
+  kv, pos = Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16), UOp.variable("decode_pos", 0, 1023).bind(5)
+  for out in (gemm_mma(x, Tensor.empty(300, 96, dtype=dtypes.float16)), gemm_mma_words(x, "Q4_0", w.words, w.d),
+              flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)),
+              flash_prefill(Tensor.empty(1, 8, 100, 64), (kv,), pos, scale=0.125, window=50)):
+    type_verify(out.uop.sink(), spec_tensor)
 
 def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
   raw = random_blocks(ggml_type, (n, k), rng)
@@ -197,3 +211,136 @@ def test_a_chunks_experts_under_mma_match_tinygrads(rng: np.random.Generator):
              for k in ("mma", "tinygrad")}
   got, want = (experts[k].grouped(x, groups).numpy() for k in ("mma", "tinygrad"))
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+
+# flash decoding (decode_attention.cu)
+
+def _programs(out: Tensor) -> list[UOp]:
+  """The programs computing `out`, in the order they run (sorted by name: _combine after _parts)."""
+  return sorted((u for u in out.uop.toposort() if u.op is Ops.PROGRAM), key=lambda u: u.src[0].arg.name, reverse=True)
+
+def test_flash_decoding_is_two_programs_reading_the_written_cache_and_the_steps_position():
+  """The parts (a block per part and kv head, reading q and the joined cache, the decode position as their argument) and
+  their combine (a block per query head, a thread per value column, reading the parts and the sinks)."""
+  q, kv = Tensor.empty(1, 8, 1, 64), Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16)
+  pos = UOp.variable("decode_pos", 0, 1023).bind(5)
+  parts, combine = _programs(flash_decode(q, (kv,), pos, scale=0.125, sinks=Tensor.empty(8)))
+  p, c = ProgramInfo.from_sink(parts.src[0]), ProgramInfo.from_sink(combine.src[0])
+  n = flash_decode_parts(2, 1024, multiprocessors(Device.DEFAULT))
+  assert (p.name, p.global_size, p.local_size, [v.expr for v in p.vars]) == ("r_flash_decode_8x2x64x64x1024_parts", (n, 2, 1), (128, 1, 1),
+                                                                            ["decode_pos"])
+  assert (c.name, c.global_size, c.local_size, c.ins, c.vars) == ("r_flash_decode_8x2x64x64x1024_combine", (8, 1, 1), (64, 1, 1), (1, 2), ())
+  code = parts.src[2].arg
+  assert "#define V_OFFSET 131072\n" in code and "#define SEPARATE_V 0\n" in code and "#define SINKS 1\n" in code and "#define START_POS" not in code
+  (parts, _) = _programs(flash_decode(q, (kv[0], kv[1]), 7, scale=0.125))   # separate k and v; a position that is a number
+  assert "#define START_POS 7\n" in parts.src[2].arg and "#define SEPARATE_V 1\n" in parts.src[2].arg
+  assert not ProgramInfo.from_sink(parts.src[0]).vars
+
+def test_flash_decoding_parts_fill_the_gpu_in_powers_of_two():
+  assert flash_decode_parts(8, 16384, 132) == 64    # 33 a kv head for two blocks an SM, rounded up
+  assert flash_decode_parts(1, 16384, 132) == 512
+  assert flash_decode_parts(8, 128, 132) == 4       # no more parts than tiles of 32 positions
+  assert flash_decode_parts(8, 16384, None) == 8
+
+@pytest.mark.parametrize("q, k, v, why", [
+  ((1, 8, 2, 64), (1, 2, 64, 64), (1, 2, 64, 64), "one query row"),
+  ((1, 8, 1, 64), (1, 2, 64, 64), None, "fp16 cache"),
+  ((1, 8, 1, 60), (1, 2, 64, 60), (1, 2, 64, 60), "whole 16-byte rows"),
+  ((1, 8, 1, 64), (1, 2, 64, 64), (1, 2, 64, 512), "value heads of 32 to 256"),
+  ((1, 64, 1, 64), (1, 2, 64, 64), (1, 2, 64, 64), "up to 16 query heads"),
+])
+def test_flash_decoding_refuses_what_it_does_not_take(q, k, v, why):
+  half = dtypes.float16 if v is not None else dtypes.float32
+  kv = (Tensor.empty(*k, dtype=half), Tensor.empty(*(v or k), dtype=half))
+  assert why in (flash_refusal(Tensor.empty(*q), kv, 3, 1) or "")
+  with pytest.raises(KernelRefused, match=why): flash_decode(Tensor.empty(*q), kv, 3, scale=1.0)
+
+def test_the_decode_attention_hint_is_refused_off_a_cuda_gpu_and_off_an_fp16_cache_of_heads(capsys):
+  from tinyzoo.cli import main
+  if Device.DEFAULT == "CUDA": return
+  assert main(["bench", "llama3.2-1b-tiny", "--decode-attention", "flash", "--no-journal", "--no-peer", "-r", "1"]) == 1
+  assert capsys.readouterr().err.strip() == "tinyzoo: error: hint decode_attention: decode_attention flash runs on CUDA GPUs (tinygrad's CUDA " \
+                                            "backend), not CPU"
+
+@nvcc
+@pytest.mark.parametrize("hkv, g, d, dv, window, softcap, sinks, joined, start", [
+  (8, 2, 128, 128, 0, 0.0, 0, 1, None), (8, 8, 64, 64, 128, 30.0, 1, 1, None), (1, 4, 256, 256, 512, 0.0, 0, 1, 5),
+  (2, 4, 64, 32, 0, 0.0, 0, 0, None)])
+def test_the_flash_decoding_source_compiles_for_sm_90(tmp_path: Path, hkv, g, d, dv, window, softcap, sinks, joined, start):
+  q = Tensor.empty(1, hkv * g, 1, d)
+  kv = (Tensor.empty(2, 1, hkv, 1024, d, dtype=dtypes.float16),) if joined else \
+    (Tensor.empty(1, hkv, 1024, d, dtype=dtypes.float16), Tensor.empty(1, hkv, 1024, dv, dtype=dtypes.float16))
+  pos = start if start is not None else UOp.variable("decode_pos", 0, 1023).bind(3)
+  out = flash_decode(q, kv, pos, scale=0.1, window=window or None, softcap=softcap or None, sinks=Tensor.empty(hkv * g) if sinks else None)
+  (cu := tmp_path / "k.cu").write_text(_programs(out)[0].src[2].arg)
+  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+
+@on_gpu
+@pytest.mark.parametrize("hq, hkv, d, window, softcap, sinks", [(16, 8, 128, None, None, False), (8, 2, 64, 100, 30.0, True),
+                                                                 (4, 1, 256, None, None, True)])
+def test_flash_decoding_against_tinygrads_attention(rng: np.random.Generator, hq, hkv, d, window, softcap, sinks):
+  """Decode steps of a TinyJit at positions that are no multiple of a part or tile, the cache written before each: flash
+  decoding against ops/attention.py's plain attention of the same cache, q rounded to fp16 by both."""
+  from tinygrad import TinyJit
+  L = cache_positions(700)
+  kv = Tensor((rng.standard_normal((2, 1, hkv, L, d)) * 0.5).astype(np.float16)).realize()
+  sink = Tensor(rng.standard_normal(hq).astype(np.float32)).realize() if sinks else None
+  pos = UOp.variable("decode_pos", 0, L - 1)
+  kw = dict(scale=d ** -0.5, window=window, sinks=sink, softcap=softcap)
+  @TinyJit
+  def step(q: Tensor, new: Tensor, p: UOp) -> Tensor:   # this step's key and value written first, as a decode step does
+    kv[:, :, :, p:p + 1, :].assign(new)
+    return flash_decode(q, (kv,), p, **kw).realize()
+  for at in (0, 5, 63, 200, 699):
+    q = Tensor(rng.standard_normal((1, hq, 1, d)).astype(np.float32)).realize()
+    got = step(q, Tensor((rng.standard_normal((2, 1, hkv, 1, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
+    want = attention(q, kv[0], kv[1], at, **kw).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+# flash attention of a prompt chunk (prefill_attention.cu)
+
+def test_flash_attention_is_one_program_a_block_for_64_rows_of_a_head():
+  q, kv = Tensor.empty(1, 8, 100, 64), Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16)
+  (prg,) = _programs(flash_prefill(q, (kv,), UOp.variable("prefill_pos", 0, 1023).bind(64), scale=0.125, sinks=Tensor.empty(8)))
+  info = ProgramInfo.from_sink(prg.src[0])
+  assert (info.name, info.global_size, info.local_size, info.ins, [v.expr for v in info.vars]) == \
+    ("r_flash_prefill_8x2x100x64x64x1024", (2, 8, 1), (128, 1, 1), (1, 2, 3), ["prefill_pos"])
+  assert "#define T 100\n" in prg.src[2].arg and "#define SINKS 1\n" in prg.src[2].arg
+  # heads past what the kernel holds in registers stay with tinygrad's
+  wide = (Tensor.empty(1, 2, 1024, 256, dtype=dtypes.float16), Tensor.empty(1, 2, 1024, 256, dtype=dtypes.float16))
+  assert "16 to 128" in flash_refusal(Tensor.empty(1, 8, 100, 256), wide, 0) and flash_refusal(Tensor.empty(1, 8, 1, 256), wide, 0, 1) is None
+
+@nvcc
+@pytest.mark.parametrize("hkv, g, d, dv, window, softcap, sinks, joined, start", [
+  (8, 2, 128, 128, 0, 0.0, 0, 1, None), (8, 8, 64, 64, 128, 30.0, 1, 1, None), (2, 4, 64, 32, 0, 0.0, 0, 0, 5)])
+def test_the_flash_attention_source_compiles_for_sm_90(tmp_path: Path, hkv, g, d, dv, window, softcap, sinks, joined, start):
+  kv = (Tensor.empty(2, 1, hkv, 1024, d, dtype=dtypes.float16),) if joined else \
+    (Tensor.empty(1, hkv, 1024, d, dtype=dtypes.float16), Tensor.empty(1, hkv, 1024, dv, dtype=dtypes.float16))
+  pos = start if start is not None else UOp.variable("prefill_pos", 0, 1023).bind(3)
+  out = flash_prefill(Tensor.empty(1, hkv * g, 200, d), kv, pos, scale=0.1, window=window or None, softcap=softcap or None,
+                      sinks=Tensor.empty(hkv * g) if sinks else None)
+  (cu := tmp_path / "k.cu").write_text(_programs(out)[0].src[2].arg)
+  r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0 and " 0 bytes spill stores" in r.stderr, r.stderr
+
+@on_gpu
+@pytest.mark.parametrize("hq, hkv, d, window, softcap, sinks", [(16, 8, 128, None, None, False), (8, 2, 64, 100, 30.0, True)])
+def test_flash_attention_against_tinygrads_attention(rng: np.random.Generator, hq, hkv, d, window, softcap, sinks):
+  """Chunks of 100 rows (no multiple of a block's 64) of a TinyJit at positions that are no multiple of a tile, each chunk's
+  keys and values written first: flash attention against ops/attention.py's plain attention of the same cache."""
+  from tinygrad import TinyJit
+  L, T = cache_positions(700), 100
+  kv = Tensor((rng.standard_normal((2, 1, hkv, L, d)) * 0.5).astype(np.float16)).realize()
+  sink = Tensor(rng.standard_normal(hq).astype(np.float32)).realize() if sinks else None
+  pos = UOp.variable("prefill_pos", 0, L - T)
+  kw = dict(scale=d ** -0.5, window=window, sinks=sink, softcap=softcap)
+  @TinyJit
+  def chunk(q: Tensor, new: Tensor, p: UOp) -> Tensor:
+    kv[:, :, :, p:p + T, :].assign(new)
+    return flash_prefill(q, (kv,), p, **kw).realize()
+  for at in (0, 100, 333, 600):
+    q = Tensor(rng.standard_normal((1, hq, T, d)).astype(np.float32)).realize()
+    got = chunk(q, Tensor((rng.standard_normal((2, 1, hkv, T, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
+    want = attention(q, kv[0], kv[1], at, **kw).numpy()
+    np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)

@@ -34,6 +34,13 @@ def test_a_rules_value_is_named_heuristic_with_its_reason():
   assert resolve(machine=Machine("CPU")).strategy == resolve(machine=AVX2).strategy == "packed_dot"
   assert resolve(machine=Machine("CPU", cpu_simd="avx_vnni")).strategy == "int8_dot"
 
+def test_a_tensor_core_gpu_takes_the_hand_written_gemm():
+  """gemm mma where mma.sync runs (compute capability 8.0 on), with or without a model; tinygrad's GEMM before it and off
+  CUDA."""
+  assert (resolve(machine=H200).gemm, resolve(machine=H200).sources["gemm"]) == ("mma", "heuristic")
+  assert "compute capability 9.0" in resolve(machine=H200, shapes=preset_shapes("llama3.2-1b")).reasons["gemm"]
+  assert resolve(machine=Machine("CUDA", compute_capability="7.5")).gemm == resolve(machine=VNNI).gemm == resolve().gemm == "tinygrad"
+
 def test_a_new_architecture_takes_the_value_of_an_old_one_of_the_same_shapes():
   """qwen3 has no entry in any profile: its split comes from its shapes alone, as llama's would at the same shapes; both
   tiny presets are split on a GPU, from their files' metadata, and neither on the CPU."""

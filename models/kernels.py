@@ -1,0 +1,44 @@
+"""Which of a model's ops the hand-written CUDA kernels (ops/cuda) take under its hints, and which stay with tinygrad's:
+`tinyzoo hints` prints it, so that a kernel a hint chooses and the model's types or shapes leave out is said, not
+dropped in silence. Read from the file's tensor directory and metadata, no weight loaded; the attention kernels' own
+refusal (ops/cuda flash_refusal) judges the model's heads."""
+from gguf import GGMLQuantizationType as T
+from tinygrad import Tensor, dtypes
+from ops.cuda import GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal
+from profiles.hints import Hints
+from quant.gguf_file import GGUFFile
+from quant.linear import StrategyPlan
+from models.config import ModelConfig
+
+WORD_STRATEGIES = ("packed_words", "int8_dot")   # the strategies that keep a weight's words (quant/linear.py)
+
+def _gemm(g: GGUFFile, hints: Hints) -> str:
+  if hints.prefill != "half": return f"tinygrad's for every GEMM: mma takes GEMMs of fp16 inputs (prefill half), this prefill is {hints.prefill}"
+  plan, tied = StrategyPlan.parse(hints.strategy), "output.weight" not in g.tensors   # tied: the embedding table is the output matmul
+  taken: dict[str, set[str]] = {k: set() for k in ("dense words", "expert words", "dequantized", "experts", "routers")}
+  for t in g.tensors.values():
+    if len(t.shape) not in (2, 3) or (t.name == "token_embd.weight" and not tied): continue
+    expert, words = "_exps" in t.name, t.ggml_type.name in GEMM_WORD_TYPES and plan.for_weight(t.name, t.ggml_type) in WORD_STRATEGIES
+    kind = "routers" if t.ggml_type is T.F32 else ("expert words" if expert else "dense words") if words else "experts" if expert else "dequantized"
+    taken[kind].add(t.ggml_type.name)
+  said = {"dense words": "{} words decoded by the kernel", "expert words": "{} experts' words decoded by the kernel, grouped by tile",
+          "dequantized": "{} dequantized to fp16 first", "experts": "{} experts: tinygrad's grouped GEMM", "routers": "{} (routers): tinygrad's"}
+  return "; ".join(said[k].format(", ".join(sorted(types))) for k, types in taken.items() if types)
+
+def _attention(g: GGUFFile, rows: int) -> str:
+  cfg = ModelConfig.from_gguf(g)
+  if isinstance(g.get(f"{g.architecture}.attention.kv_lora_rank"), int): return "tinygrad's: a latent attention (MLA) cache"
+  cache = tuple(Tensor.empty(1, cfg.n_kv_heads, 64, d, dtype=dtypes.float16) for d in (cfg.head_dim, cfg.v_head_dim))
+  why = flash_refusal(Tensor.empty(1, cfg.n_heads, rows, cfg.head_dim), cache, 0, 1 if rows == 1 else None)
+  return "every layer" if why is None else f"tinygrad's: {why}"
+
+def hand_written(g: GGUFFile, hints: Hints, device: str) -> list[tuple[str, str]]:
+  """(hint and value, what its kernel takes of this model on `device`) for each hint whose value is a hand-written kernel."""
+  takes = {"gemm": lambda: _gemm(g, hints), "decode_attention": lambda: _attention(g, 1),
+           "prefill_attention": lambda: _attention(g, hints.prefill_chunk)}
+  out = []
+  for hint, kernel in HAND_WRITTEN.items():
+    if getattr(hints, hint) != kernel: continue
+    why = hint_refusal(hint, kernel, device)
+    out.append((f"{hint} {kernel}", f"refused here: {why}" if why else takes[hint]()))
+  return out

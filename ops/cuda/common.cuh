@@ -1,0 +1,40 @@
+// What the kernels of this folder share, put before each one's source (ops/cuda source()): their PTX building blocks and
+// how the attention kernels find a kv head's keys and values in the cache.
+#include <cuda_fp16.h>
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+// 16 bytes from global to shared memory by cp.async, zeros where not `valid`
+__device__ __forceinline__ void copy16(half* smem, const void* gmem, bool valid) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// four 8 x 8 matrices of halfs from shared memory, each lane giving one row's address (lanes 8i..8i+7 matrix i's rows),
+// as they are or transposed
+__device__ __forceinline__ void ldmatrix4(unsigned* r, const half* smem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix4_trans(unsigned* r, const half* smem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+// c (16 x 8, float32) += a (16 x 16, fp16, row-major fragments) . b (16 x 8, fp16, column-major fragments)
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// the attention kernels' fp16 cache, K [HKV, L, D] and V [HKV, L, DV]: V in a buffer of its own after K's (SEPARATE_V), or
+// V_OFFSET halfs into K's
+#if SEPARATE_V
+#define CACHE_ARGS const half* __restrict__ KV, const half* __restrict__ VS
+#define VALUES(kvh) (VS + (size_t)(kvh) * L * DV)
+#else
+#define CACHE_ARGS const half* __restrict__ KV
+#define VALUES(kvh) (KV + V_OFFSET + (size_t)(kvh) * L * DV)
+#endif
+#define KEYS(kvh) (KV + (size_t)(kvh) * L * D)

@@ -1,0 +1,161 @@
+// A decode step's attention over an fp16 KV cache, split over the positions (flash-decoding): one query row per head,
+// q [HKV * G, D] (float32, rotated and normalized already, rounded to fp16 as a half cache's logits take it), the cache's
+// keys K [HKV, L, D] and values V [HKV, L, DV] (fp16: V at V_OFFSET halfs after K where both are one buffer, else the
+// argument after K, SEPARATE_V). Positions
+// lo .. start_pos are read (lo = start_pos + 1 - WINDOW with a sliding window, else 0).
+//   NAME_parts: a block of 128 threads for each kv head and each of PARTS parts of the positions read; the G query heads
+//     of the kv head share each key and value it loads. Each lane of a warp takes one position of a tile of 32: its
+//     logits for the G heads (the key row loaded 16 bytes at a time); the warp's running max and sum per head (online
+//     softmax); then each lane takes DV / 32 of the value columns, each position's weight broadcast from its lane. The
+//     block's four warps are combined in shared memory and the part's sums written unnormalized beside their max and
+//     denominator: P [HKV * G, PARTS, DV + 2].
+//   NAME_combine: a block for each query head, a thread for each value column: the parts rescaled to their largest max
+//     (and a sink's logit, SINKS), summed and divided by the denominator: O [HKV * G, DV].
+// The host defines NAME, HKV, G, D, DV, L, PARTS, WINDOW (0: none), SCALE, SOFTCAP (0: none), SINKS, V_OFFSET and SEPARATE_V, and
+// START_POS where the position is a number rather than the decode step's variable (the kernel's last argument).
+#if D % 8 || DV % 32 || DV > 256 || G > 16
+#error "decode_attention.cu takes head sizes of whole 16-byte rows, value heads of 32 to 256 in steps of 32 and up to 16 query heads a kv head"
+#endif
+#define THREADS 128
+#define WARPS (THREADS / 32)
+#define COLS (DV / 32)   // value columns a lane sums
+#define LOG2E 1.4426950408889634f
+#if (G * D + WARPS * G * (DV + 2)) * 4 > 48 * 1024
+#error "decode_attention.cu keeps a block's query rows and its warps' sums in 48 KB of shared memory"
+#endif
+
+__device__ __forceinline__ float warp_max(float x) {
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* __restrict__ P, const float* __restrict__ Q,
+                                                                       CACHE_ARGS
+#ifdef START_POS
+                                                                       ) {
+  const int start_pos = START_POS;   // a position known where the kernel is made (not a decode step's variable)
+#else
+                                                                       , const int start_pos) {
+#endif
+  __shared__ float qs[G][D];
+  __shared__ float wm[WARPS][G], wl[WARPS][G], wacc[WARPS][G][DV];
+  const int kvh = blockIdx.y, part = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const half *K = KEYS(kvh), *V = VALUES(kvh);
+  for (int i = tid; i < G * D; i += THREADS) qs[i / D][i % D] = __half2float(__float2half(Q[(size_t)kvh * G * D + i]));
+  const int n = start_pos + 1, lo = WINDOW && n > WINDOW ? n - WINDOW : 0;
+  const int span = ((n - lo + PARTS - 1) / PARTS + 31) / 32 * 32;   // whole tiles of 32 positions a part
+  const int first = lo + part * span, last = min(n, first + span);
+  __syncthreads();
+
+  float m[G], l[G], acc[G][COLS];
+  #pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = -INFINITY; l[g] = 0.f;
+    #pragma unroll
+    for (int c = 0; c < COLS; c++) acc[g][c] = 0.f;
+  }
+  for (int t0 = first + warp * 32; t0 < last; t0 += THREADS) {
+    const int j = t0 + lane;
+    float s[G];
+    #pragma unroll
+    for (int g = 0; g < G; g++) s[g] = 0.f;
+    if (j < last) {
+      const uint4* krow = reinterpret_cast<const uint4*>(K + (size_t)j * D);
+      #pragma unroll 4
+      for (int c = 0; c < D / 8; c++) {
+        const uint4 w = krow[c];
+        const half2* h = reinterpret_cast<const half2*>(&w);
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float2 k2 = __half22float2(h[e]);
+          #pragma unroll
+          for (int g = 0; g < G; g++) s[g] += qs[g][c * 8 + 2 * e] * k2.x + qs[g][c * 8 + 2 * e + 1] * k2.y;
+        }
+      }
+    }
+    #pragma unroll
+    for (int g = 0; g < G; g++) {
+      float x = s[g] * SCALE;
+      if (SOFTCAP > 0.f) x = SOFTCAP * tanhf(x / SOFTCAP);
+      x = j < last ? x * LOG2E : -INFINITY;   // logits in base 2 from here on
+      const float top = fmaxf(m[g], warp_max(x));
+      const float keep = exp2f(m[g] - top), e = exp2f(x - top);   // top is finite: the tile's first position is read
+      m[g] = top;
+      l[g] = l[g] * keep + warp_sum(e);
+      s[g] = e;
+      #pragma unroll
+      for (int c = 0; c < COLS; c++) acc[g][c] *= keep;
+    }
+    // each position's values, its weights broadcast from its lane; positions past `last` weigh 0
+    const int count = min(32, last - t0);
+    for (int p = 0; p < count; p++) {
+      const half* vrow = V + (size_t)(t0 + p) * DV + lane * COLS;
+      float v[COLS];
+      #pragma unroll
+      for (int c = 0; c < COLS; c++) v[c] = __half2float(vrow[c]);
+      #pragma unroll
+      for (int g = 0; g < G; g++) {
+        const float w = __shfl_sync(0xffffffffu, s[g], p);
+        #pragma unroll
+        for (int c = 0; c < COLS; c++) acc[g][c] += w * v[c];
+      }
+    }
+  }
+  // the block's warps combined: rescaled to their largest max, summed
+  #pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
+    #pragma unroll
+    for (int c = 0; c < COLS; c++) wacc[warp][g][lane * COLS + c] = acc[g][c];
+  }
+  __syncthreads();
+  for (int i = tid; i < G * (DV + 2); i += THREADS) {
+    const int g = i / (DV + 2), col = i % (DV + 2);
+    float top = -INFINITY;
+    #pragma unroll
+    for (int w = 0; w < WARPS; w++) top = fmaxf(top, wm[w][g]);
+    float out = top;   // column DV + 1: the part's max (-inf for a part with no positions)
+    if (col <= DV) {
+      out = 0.f;
+      #pragma unroll
+      for (int w = 0; w < WARPS; w++) {
+        if (wm[w][g] == -INFINITY) continue;
+        out += (col < DV ? wacc[w][g][col] : wl[w][g]) * exp2f(wm[w][g] - top);
+      }
+    }
+    P[((size_t)(kvh * G + g) * PARTS + part) * (DV + 2) + col] = out;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(DV) CAT(NAME, _combine)(float* __restrict__ O, const float* __restrict__ P
+#if SINKS
+                                                             , const float* __restrict__ S
+#endif
+                                                             ) {
+  const int h = blockIdx.x, col = threadIdx.x;
+  const float* parts = P + (size_t)h * PARTS * (DV + 2);
+  float top = -INFINITY;
+  for (int p = 0; p < PARTS; p++) top = fmaxf(top, parts[p * (DV + 2) + DV + 1]);
+#if SINKS
+  const float sink = S[h] * LOG2E;
+  top = fmaxf(top, sink);
+  float denominator = exp2f(sink - top);
+#else
+  float denominator = 0.f;
+#endif
+  float sum = 0.f;
+  for (int p = 0; p < PARTS; p++) {
+    const float* part = parts + p * (DV + 2);
+    if (part[DV + 1] == -INFINITY) continue;
+    const float r = exp2f(part[DV + 1] - top);
+    sum += part[col] * r;
+    denominator += part[DV] * r;
+  }
+  O[(size_t)h * DV + col] = sum / denominator;
+}

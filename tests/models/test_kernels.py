@@ -1,0 +1,32 @@
+"""`tinyzoo hints`' account of the hand-written kernels: what each one a hint chooses takes of a model (the weight types
+whose words the GEMM decodes, those it dequantizes first, those left to tinygrad's; the attention kernels' layers or the
+reason they stay with tinygrad's), or that it is refused on this device."""
+import pytest
+from models import kernels
+from models.catalog import synthesized
+from profiles.hints import resolve
+from quant.gguf_file import GGUFFile
+
+ALL = {"gemm": "mma", "decode_attention": "flash", "prefill_attention": "flash", "prefill": "half", "strategy": "packed_words,experts=int8_dot"}
+
+@pytest.fixture
+def on_a_gpu(monkeypatch: pytest.MonkeyPatch): monkeypatch.setattr(kernels, "hint_refusal", lambda hint, value, device: None)
+
+def test_what_each_kernel_takes_of_a_latent_attention_moe(on_a_gpu):
+  uses = dict(kernels.hand_written(GGUFFile(synthesized("deepseek-v2-lite-tiny")), resolve(ALL), "CUDA"))
+  assert uses == {"gemm mma": "Q4_0 words decoded by the kernel; Q4_0 experts' words decoded by the kernel, grouped by tile; F32 (routers): "
+                              "tinygrad's",
+                  "decode_attention flash": "tinygrad's: a latent attention (MLA) cache",
+                  "prefill_attention flash": "tinygrad's: a latent attention (MLA) cache"}
+
+def test_weights_without_words_are_dequantized_first_and_a_float_prefill_takes_no_mma(on_a_gpu):
+  g = GGUFFile(synthesized("gpt-oss-20b-tiny"))
+  uses = dict(kernels.hand_written(g, resolve({**ALL, "strategy": "packed_dot"}), "CUDA"))
+  assert uses["gemm mma"].startswith("Q8_0 dequantized to fp16 first; MXFP4 experts: tinygrad's grouped GEMM")
+  assert uses["decode_attention flash"] == uses["prefill_attention flash"] == "every layer"
+  assert dict(kernels.hand_written(g, resolve({**ALL, "prefill": "float"}), "CUDA"))["gemm mma"].startswith("tinygrad's for every GEMM")
+  assert kernels.hand_written(g, resolve({}), "CUDA") == []   # no hint chooses a hand-written kernel
+
+def test_a_kernel_this_device_cannot_run_is_said_refused():
+  uses = kernels.hand_written(GGUFFile(synthesized("llama3.2-1b-tiny")), resolve({"gemm": "mma"}), "CPU")
+  assert uses == [("gemm mma", "refused here: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU")]
