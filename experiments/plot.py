@@ -446,32 +446,50 @@ def _quality(records: list[dict], experiment: str | None, model: str | None, not
              Line2D([], [], color=VARIANT_COLOR, marker="o", mec="black", ls="", label="variant")]
   return fig, handles
 
+GemmKey = tuple[str, str, tuple[str, int, int, int], str]   # (device, model, (type, n, k, experts), kernel)
+
+def newest_gemms(records: list[dict], model: str | None = None) -> dict[GemmKey, dict]:
+  """`tinyzoo gemm` records (of `model`, when given): the newest of each device, model, shape and GEMM kernel."""
+  def measured(r: dict) -> bool:
+    m = _metrics(r)
+    return r.get("kind") == "gemm" and _positive(m.get("tflops")) and _number(m.get("n")) and _number(m.get("k")) and \
+      isinstance(r.get("switches"), dict) and (model is None or r.get("model") == model)
+  newest: dict[GemmKey, dict] = {}
+  for r in sorted(filter(measured, records), key=_time):
+    m = _metrics(r)
+    shape = (str(r.get("ggml_type")), m["n"], m["k"], m.get("experts") or 0)
+    newest[(short_device(str(r.get("device"))), str(r.get("model")), shape, str(r["switches"].get("gemm")))] = r
+  return newest
+
+def gemm_kernels(newest: dict[GemmKey, dict]) -> list[str]:
+  return sorted({k for *_, k in newest}, key=lambda k: (k != "tinygrad", k))   # tinygrad's, the reference, first
+
+def gemm_shape_order(shape: tuple[str, int, int, int]) -> tuple:
+  return shape[3] > 0, -shape[1] * shape[2]   # dense first, largest first
+
+def cublas_tflops(newest: dict[GemmKey, dict], where: tuple[str, str, tuple], kernels: list[str]) -> float | None:
+  """cuBLAS's TFLOP/s beside the shape at `where` (device, model, shape): the last kernel's record that measured it."""
+  got = [r["peer"]["tflops"] for k in kernels if (r := newest.get((*where, k))) and isinstance(r.get("peer"), dict)
+         and _positive(r["peer"].get("tflops"))]
+  return got[-1] if got else None
+
 def _gemm(records: list[dict], experiment: str | None, model: str | None, notes: list[str]) -> tuple[Figure, list]:
   """TFLOP/s of each GEMM shape of a model's prompt chunk (`tinyzoo gemm` records), a panel per model and device: a bar
   for each kernel's newest record of the shape, beside cuBLAS's measured in the same run; a result off float64 by more
   than the tolerance hatched and marked."""
   if experiment is not None: raise ValueError(f"the gemm chart draws `tinyzoo gemm` records, which belong to no experiment (not {experiment!r})")
-  def measured(r: dict) -> bool:
-    m = _metrics(r)
-    return r.get("kind") == "gemm" and _positive(m.get("tflops")) and _number(m.get("n")) and _number(m.get("k")) and \
-      isinstance(r.get("switches"), dict) and (model is None or r.get("model") == model)
-  newest: dict[tuple, dict] = {}
-  for r in sorted(filter(measured, records), key=_time):
-    m = _metrics(r)
-    shape = (str(r.get("ggml_type")), m["n"], m["k"], m.get("experts") or 0)
-    newest[(short_device(str(r.get("device"))), str(r.get("model")), shape, str(r["switches"].get("gemm")))] = r
-  if not newest: raise ValueError(f"no GEMM record{f' of {model!r}' if model else ''} (tinyzoo gemm MODEL); nothing to plot")
-  kernels = sorted({k for *_, k in newest}, key=lambda k: (k != "tinygrad", k))   # tinygrad's, the reference, first
+  if not (newest := newest_gemms(records, model)):
+    raise ValueError(f"no GEMM record{f' of {model!r}' if model else ''} (tinyzoo gemm MODEL); nothing to plot")
+  kernels = gemm_kernels(newest)
   colors = {k: c for k, c in zip(kernels, (BASELINE_COLOR, VARIANT_COLOR, TOKS_COLOR, *CATEGORY_COLORS))}
   panels = sorted({(d, mo) for d, mo, _, _ in newest})
-  shapes = {p: sorted({sh for d, mo, sh, _ in newest if (d, mo) == p}, key=lambda sh: (sh[3] > 0, -sh[1] * sh[2])) for p in panels}
+  shapes = {p: sorted({sh for d, mo, sh, _ in newest if (d, mo) == p}, key=gemm_shape_order) for p in panels}
   width = 0.8 / (len(kernels) + 1)
   fig, axes = _grid(len(panels), max(6.0, 1.3 * max(map(len, shapes.values())) + 2), 4.8)
   for ax, (dev, mo) in zip(axes, panels):
     chosen, top = [], 0.0
     for i, sh in enumerate(shapes[(dev, mo)]):
-      cublas = [r["peer"]["tflops"] for k in kernels if (r := newest.get((dev, mo, sh, k))) and isinstance(r.get("peer"), dict)
-                and _positive(r["peer"].get("tflops"))]
+      cublas = cublas_tflops(newest, (dev, mo, sh), kernels)
       for j, k in enumerate(kernels):
         if (r := newest.get((dev, mo, sh, k))) is None: continue
         chosen.append(r)
@@ -480,9 +498,9 @@ def _gemm(records: list[dict], experiment: str | None, model: str | None, notes:
                hatch="xx" if wrong else None)
         if wrong: ax.annotate("wrong", (i - 0.4 + (j + 0.5) * width, t), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
         top = max(top, t)
-      if cublas:
-        ax.bar(i - 0.4 + (len(kernels) + 0.5) * width, cublas[-1], width=width, color=PEER_STYLES[0][0], edgecolor="black")
-        top = max(top, cublas[-1])
+      if cublas is not None:
+        ax.bar(i - 0.4 + (len(kernels) + 0.5) * width, cublas, width=width, color=PEER_STYLES[0][0], edgecolor="black")
+        top = max(top, cublas)
     labels = [f"{t}\n{n}x{k}" + (f"\nx{e} experts" if e else "") for t, n, k, e in shapes[(dev, mo)]]
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylim(0, top * 1.15)

@@ -14,7 +14,7 @@ from typing import Callable
 from experiments import journal, named
 from experiments.journal import number as _num, record_time as _time
 from experiments.named import Expect, Experiment, Verdict
-from experiments.plot import plot, short_device
+from experiments.plot import cublas_tflops, gemm_kernels, gemm_shape_order, newest_gemms, plot, short_device
 from experiments.profile import findings_text
 from ops.cache import write_whole
 
@@ -267,23 +267,16 @@ def summary(records: list[dict]) -> str:
 def gemm_section(records: list[dict], chart: Chart) -> list[str]:
   """The GEMM kernels: per device, model and shape, each kernel's newest `tinyzoo gemm` record's TFLOP/s beside cuBLAS's of
   the same run, and the chart of them; nothing without such records."""
-  newest: dict[tuple, dict] = {}
-  for r in sorted((r for r in records if r.get("kind") == "gemm" and isinstance(r.get("metrics"), dict)
-                   and _num(r["metrics"].get("tflops")) and isinstance(r.get("switches"), dict)), key=_time):
-    m = r["metrics"]
-    newest[(short_device(str(r.get("device"))), str(r.get("model")), str(r.get("ggml_type")), m.get("n"), m.get("k"), m.get("experts") or 0,
-            str(r["switches"].get("gemm")))] = r
-  if not newest: return []
-  kernels = sorted({key[-1] for key in newest}, key=lambda k: (k != "tinygrad", k))
-  shapes = sorted({key[:-1] for key in newest}, key=lambda sh: (sh[0], sh[1], sh[5] > 0, -(sh[3] or 0) * (sh[4] or 0)))
+  if not (newest := newest_gemms(records)): return []
+  kernels = gemm_kernels(newest)
   rows = []
-  for sh in shapes:
-    got = {k: newest.get((*sh, k)) for k in kernels}
-    cublas = next((r["peer"]["tflops"] for r in got.values() if r and isinstance(r.get("peer"), dict) and _num(r["peer"].get("tflops"))), None)
-    cells = [f"{r['metrics']['tflops']:.3g}" + ("" if r["metrics"].get("correct", True) else " (wrong)") if r else "-" for r in got.values()]
-    shape = f"{sh[2]} {sh[3]}x{sh[4]}" + (f" x{sh[5]} experts" if sh[5] else "")
-    commits = sorted({str(r.get("commit", "?"))[:7] for r in got.values() if r})
-    rows.append([sh[0], sh[1], shape, *cells, f"{cublas:.3g}" if cublas else "-", ", ".join(commits)])
+  for dev, model, sh in sorted({key[:3] for key in newest}, key=lambda w: (w[0], w[1], gemm_shape_order(w[2]))):
+    got = [newest.get((dev, model, sh, k)) for k in kernels]
+    cells = [f"{r['metrics']['tflops']:.3g}" + ("" if r["metrics"].get("correct", True) else " (wrong)") if r else "-" for r in got]
+    cublas = cublas_tflops(newest, (dev, model, sh), kernels)
+    shape = f"{sh[0]} {sh[1]}x{sh[2]}" + (f" x{sh[3]} experts" if sh[3] else "")
+    commits = sorted({str(r.get("commit", "?"))[:7] for r in got if r})
+    rows.append([dev, model, shape, *cells, f"{cublas:.3g}" if cublas else "-", ", ".join(commits)])
   return ["## GEMM kernels", "", "TFLOP/s of each GEMM shape of a prompt chunk (`tinyzoo gemm`: JIT steady state, any dequantization "
           "counted in), each kernel's newest record, beside cuBLAS's fp16 GEMM of the dequantized weights in the same run.", "",
           *_table(["device", "model", "weight, N x K", *(f"{k} TFLOP/s" for k in kernels), "cuBLAS TFLOP/s", "commits"], rows), "",
