@@ -19,7 +19,6 @@
 #define THREADS 128
 #define WARPS (THREADS / 32)
 #define COLS (DV / 32)   // value columns a lane sums
-#define LOG2E 1.4426950408889634f
 #if (G * D + WARPS * G * (DV + 2)) * 4 > 48 * 1024
 #error "decode_attention.cu keeps a block's query rows and its warps' sums in 48 KB of shared memory"
 #endif
@@ -56,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
   float m[G], l[G], acc[G][COLS];
   #pragma unroll
   for (int g = 0; g < G; g++) {
-    m[g] = -INFINITY; l[g] = 0.f;
+    m[g] = NEG_INF; l[g] = 0.f;
     #pragma unroll
     for (int c = 0; c < COLS; c++) acc[g][c] = 0.f;
   }
@@ -82,8 +81,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
     #pragma unroll
     for (int g = 0; g < G; g++) {
       float x = s[g] * SCALE;
-      if (SOFTCAP > 0.f) x = SOFTCAP * tanhf(x / SOFTCAP);
-      x = j < last ? x * LOG2E : -INFINITY;   // logits in base 2 from here on
+      x = soft_cap(x, SOFTCAP);
+      x = j < last ? x * LOG2E : NEG_INF;   // logits in base 2 from here on
       const float top = fmaxf(m[g], warp_max(x));
       const float keep = exp2f(m[g] - top), e = exp2f(x - top);   // top is finite: the tile's first position is read
       m[g] = top;
@@ -117,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
   __syncthreads();
   for (int i = tid; i < G * (DV + 2); i += THREADS) {
     const int g = i / (DV + 2), col = i % (DV + 2);
-    float top = -INFINITY;
+    float top = NEG_INF;
     #pragma unroll
     for (int w = 0; w < WARPS; w++) top = fmaxf(top, wm[w][g]);
     float out = top;   // column DV + 1: the part's max (-inf for a part with no positions)
@@ -125,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
       out = 0.f;
       #pragma unroll
       for (int w = 0; w < WARPS; w++) {
-        if (wm[w][g] == -INFINITY) continue;
+        if (wm[w][g] == NEG_INF) continue;
         out += (col < DV ? wacc[w][g][col] : wl[w][g]) * exp2f(wm[w][g] - top);
       }
     }
@@ -140,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(DV) CAT(NAME, _combine)(float* __re
                                                              ) {
   const int h = blockIdx.x, col = threadIdx.x;
   const float* parts = P + (size_t)h * PARTS * (DV + 2);
-  float top = -INFINITY;
+  float top = NEG_INF;
   for (int p = 0; p < PARTS; p++) top = fmaxf(top, parts[p * (DV + 2) + DV + 1]);
 #if SINKS
   const float sink = S[h] * LOG2E;
@@ -152,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(DV) CAT(NAME, _combine)(float* __re
   float sum = 0.f;
   for (int p = 0; p < PARTS; p++) {
     const float* part = parts + p * (DV + 2);
-    if (part[DV + 1] == -INFINITY) continue;
+    if (part[DV + 1] == NEG_INF) continue;
     const float r = exp2f(part[DV + 1] - top);
     sum += part[col] * r;
     denominator += part[DV] * r;

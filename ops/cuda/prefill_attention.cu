@@ -19,7 +19,6 @@
 #define THREADS 128      // four warps of 16 rows
 #define LDK (D + 8)      // a shared key row's halfs: rows 16 bytes apart in banks, so ldmatrix's eight rows meet no bank twice
 #define LDV (DV + 8)
-#define LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -57,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ O
   // this thread's two rows of its warp's 16: lane / 4 and 8 below it, at absolute positions p[0], p[1]
   const int row0 = q0 + warp * 16 + (lane >> 2);
   const int p[2] = {start_pos + row0, start_pos + row0 + 8};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DV / 8][4];
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, o[DV / 8][4];
   #pragma unroll
   for (int j = 0; j < DV / 8; j++)
     #pragma unroll
@@ -102,9 +101,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ O
       for (int e = 0; e < 4; e++) {
         const int key = t0 + j * 8 + (lane & 3) * 2 + (e & 1), r = e >> 1;
         float x = s[j][e] * SCALE;
-        if (SOFTCAP > 0.f) x = SOFTCAP * tanhf(x / SOFTCAP);
+        x = soft_cap(x, SOFTCAP);
         const bool seen = key <= p[r] && (!WINDOW || key > p[r] - WINDOW);
-        s[j][e] = seen ? x * LOG2E : -INFINITY;
+        s[j][e] = seen ? x * LOG2E : NEG_INF;
         top[r] = fmaxf(top[r], s[j][e]);
       }
     #pragma unroll
@@ -115,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ O
     float sum[2] = {0.f, 0.f}, keep[2];
     #pragma unroll
     for (int r = 0; r < 2; r++) {
-      const float ref = top[r] == -INFINITY ? 0.f : top[r];   // a row that has seen no position yet weighs every one 0
+      const float ref = top[r] == NEG_INF ? 0.f : top[r];   // a row that has seen no position yet weighs every one 0
       keep[r] = exp2f(m[r] - ref);
       m[r] = top[r];
       top[r] = ref;
@@ -160,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ O
   for (int r = 0; r < 2; r++) {
     float denominator = l[r];
 #if SINKS
-    const float sink = S[h] * LOG2E, ref = m[r] == -INFINITY ? 0.f : m[r];
+    const float sink = S[h] * LOG2E, ref = m[r] == NEG_INF ? 0.f : m[r];
     denominator += exp2f(sink - ref);
 #endif
     const int row = row0 + 8 * r;

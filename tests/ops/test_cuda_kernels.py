@@ -1,6 +1,7 @@
 """Hand-written CUDA kernels (ops/cuda): on the CPU their host side (launch sizes, what the scheduler is told they read
 and write, the shapes they take and refuse, the `gemm` hint refused off a CUDA GPU) and, where nvcc is installed, their
 sources compile for sm_90; on a CUDA GPU each one against float64 numpy at sizes that are no multiples of its tile."""
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+import ops.cuda as ops_cuda
 from ops.attention import attention, cache_positions
 from ops.cuda import GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_parts, flash_prefill, flash_refusal, gemm_mma, gemm_mma_applies, \
   gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
@@ -90,6 +92,13 @@ def test_the_words_gemm_refuses_what_it_does_not_take(rng: np.random.Generator):
   _, w = _words(T.Q4_0, 64, 64, rng)
   assert not gemm_mma_words_applies(Tensor.empty(8, 96, dtype=dtypes.float16), "Q4_0", w.words, w.d)   # K differs
   assert not gemm_mma_words_applies(x.float(), "Q4_0", w.words, w.d)
+
+def test_the_sources_use_no_names_of_the_c_headers_nvrtc_lacks():
+  # nvcc puts math.h and float.h before every source, NVRTC (which compiles them in tinygrad) does not: a kernel naming
+  # their macros compiles here and fails on the GPU
+  for cu in sorted(Path(ops_cuda.__file__).parent.glob("*.cu*")):
+    code = re.sub(r"//.*", "", cu.read_text())
+    assert not (names := set(re.findall(r"\b(INFINITY|NAN|HUGE_VALF?|FLT_MAX|FLT_MIN|FLT_EPSILON|M_PI|M_LN2|M_LOG2E)\b", code))), f"{cu.name}: {names}"
 
 @nvcc
 def test_the_gemm_source_refuses_a_tiling_it_is_not_written_for(tmp_path: Path):
