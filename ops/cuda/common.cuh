@@ -28,9 +28,9 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// the attention kernels' softmax in base 2, its -infinity (a builtin: NVRTC has no math.h for INFINITY), and the soft cap (0: none)
+// the attention kernels' softmax in base 2, its -infinity (NVRTC has no math.h for INFINITY), and the soft cap (0: none)
 #define LOG2E 1.4426950408889634f
-#define NEG_INF (-__builtin_inff())
+#define NEG_INF __int_as_float(0xff800000u)
 __device__ __forceinline__ float soft_cap(float x, float cap) { return cap > 0.f ? cap * tanhf(x / cap) : x; }
 
 // the attention kernels' fp16 cache, K [HKV, L, D] and V [HKV, L, DV]: V in a buffer of its own after K's (SEPARATE_V), or

@@ -25,7 +25,7 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
   return *reinterpret_cast<unsigned*>(&h);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ O, const half* __restrict__ Q, CACHE_ARGS
+extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(float* __restrict__ O, const half* __restrict__ Q, CACHE_ARGS
 #if SINKS
                                                           , const float* __restrict__ S
 #endif
