@@ -31,15 +31,18 @@ def program(name: str, code: str, grid: tuple[int, int, int], block: tuple[int, 
   first parameter written and the others read, then each of `variables` (the JIT's, e.g. a decode step's position) as
   an int argument after the buffers, its value the one bound where the program runs."""
   def make(*params: UOp) -> UOp:
-    out, *ins = [p.flatten() for p in params]
+    # the flat buffers under the placeholders (a tensor of several axes is a reshape of one): the runtime lays out a
+    # program's arguments from its LINEAR's buffers and then its variables, so every buffer must be there
+    buffers = [next(u for u in p.toposort() if u.op is Ops.PARAM) for p in params]
+    out, *ins = buffers
     first = UOp.const(0, dtypes.int)
     sizes = [UOp.special(n, f"{kind}idx{i}") for kind, dims in (("g", grid), ("l", block)) for i, n in enumerate(dims)]
     args = [UOp.variable(v.expr, v.vmin, v.vmax, dtypes.int32, param=True) for v in variables]
     args = [a.replace(arg=dataclasses.replace(a.arg, slot=len(params) + i)) for i, a in enumerate(args)]   # after the buffers
     read = sum((b.index(first).load().cast(dtypes.float32) for b in ins), sum(s.cast(dtypes.float32) for s in sizes + args))
-    nbytes = sum(p.dtype.itemsize * math.prod(p.shape) for p in params)
+    nbytes = sum(b.dtype.itemsize * math.prod(b.shape) for b in buffers)
     info = KernelInfo(name=name, estimates=Estimates(ops=flops, lds=nbytes, mem=nbytes))
-    return UOp(Ops.PROGRAM, src=(UOp.sink(out.index(first).store(read), arg=info), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=code)))
+    return UOp(Ops.PROGRAM, src=(UOp.sink(out.index(first).store(read), arg=info), UOp(Ops.LINEAR, src=tuple(buffers)), UOp(Ops.SOURCE, arg=code)))
   return make
 
 def capability(device: str) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
-from tinygrad.uop.ops import Ops, ProgramInfo, UOp
+from tinygrad.uop.ops import AddrSpace, Ops, ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 import ops.cuda as ops_cuda
@@ -53,6 +53,17 @@ def test_every_program_passes_tinygrads_tensor_spec(rng: np.random.Generator):
               flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)),
               flash_prefill(Tensor.empty(1, 8, 100, 64), (kv,), pos, scale=0.125, window=50)):
     type_verify(out.uop.sink(), spec_tensor)
+
+def test_every_programs_arguments_are_its_buffers_then_its_variables():
+  """The CUDA runtime lays out a program's arguments as its LINEAR's buffers, then its variables (UOp.to_elf): a buffer
+  of several axes missing there shifted the decode position past the arguments, and the kernel read 0 or garbage."""
+  kv, pos = Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16), UOp.variable("decode_pos", 0, 1023).bind(5)
+  for out, buffers in ((flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)), (3, 3)),
+                       (flash_prefill(Tensor.empty(1, 8, 100, 64), (kv[0], kv[1]), pos, scale=0.125, window=50), (4,))):
+    for prg, n in zip(_programs(out), buffers):
+      info = ProgramInfo.from_sink(prg.src[0])
+      sig = [u.arg.slot for u in prg.src[1].src if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU] + [v.arg.slot for v in info.vars]
+      assert sig == list(range(n + len(info.vars))) and info.globals == tuple(range(n)), (info.name, sig)
 
 def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
   raw = random_blocks(ggml_type, (n, k), rng)
