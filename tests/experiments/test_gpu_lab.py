@@ -79,6 +79,20 @@ def test_device_check_compares_against_a_saved_cpu_reference(tmp_path: Path, cap
   assert device_check.against(str(ref), "CPU")[0] is False
   assert "MISMATCH" in capsys.readouterr().out
 
+def test_device_checks_decode_fed_the_references_tokens(tmp_path: Path):
+  """Decode steps fed the reference's tokens keep to its next tokens; tokens the model puts last after each step do not
+  (as a decode reading the wrong cache positions would not, where the prompt's rounding lets its own tokens part)."""
+  ref = tmp_path / "ref.json"
+  device_check.save(["llama3.2-1b-tiny"], str(ref), prompts=1, prompt_len=5, greedy=4)
+  case = json.loads(ref.read_text())["cases"][0]
+  rt, _ = device_check.runtime("llama3.2-1b-tiny", 10, "CPU", {})
+  ids, tokens = case["ids"], case["greedy"]
+  assert device_check.forced(rt, ids, tokens, device_check.LOGITS_RTOL) == 0
+  rt.prefill(ids)
+  last = [tokens[0]]
+  for i in range(3): last.append(int(rt.decode(last[-1], len(ids) + i).numpy()[0].argmin()))
+  assert device_check.forced(rt, ids, last, device_check.HALF_PREFILL_RTOL) == 3
+
 @pytest.fixture(scope="module")
 def copy_gb_s() -> float:
   """The device's copy bandwidth, measured once for the module's gemv records."""
