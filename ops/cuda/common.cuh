@@ -1,8 +1,10 @@
 // What the kernels of this folder share, put before each one's source (ops/cuda source()): their PTX building blocks and
-// how the attention kernels find a kv head's keys and values in the cache.
-#include <cuda_fp16.h>
+// how the attention kernels find a kv head's keys and values in the cache. Under CUDA_ON_CPU (tests/ops/cuda_on_cpu.h,
+// which emulates the building blocks on the CPU) only the definitions that are not PTX stay.
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+#ifndef CUDA_ON_CPU
+#include <cuda_fp16.h>
 
 // 16 bytes from global to shared memory by cp.async, zeros where not `valid`
 __device__ __forceinline__ void copy16(half* smem, const void* gmem, bool valid) {
@@ -10,6 +12,8 @@ __device__ __forceinline__ void copy16(half* smem, const void* gmem, bool valid)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// until at most IN_FLIGHT of this thread's committed groups of copies are still in flight
+template <int IN_FLIGHT> __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(IN_FLIGHT)); }
 
 // four 8 x 8 matrices of halfs from shared memory, each lane giving one row's address (lanes 8i..8i+7 matrix i's rows),
 // as they are or transposed
@@ -27,6 +31,7 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
 // the attention kernels' softmax in base 2, its -infinity (NVRTC has no math.h for INFINITY), and the soft cap (0: none)
 #define LOG2E 1.4426950408889634f

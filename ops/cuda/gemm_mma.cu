@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   if (steps > 1) fetch(1);
 #endif
   for (int t = 0; t < steps; t++) {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+    copies_wait<STAGES - 2>();
     __syncthreads();   // step t's tiles are in; every warp is past step t-1, whose stage the next copy takes
     if (t + STAGES - 1 < steps) copy((t + STAGES - 1) % STAGES, t + STAGES - 1);
     else copies_commit();

@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(float* __restrict_
     copy16(&Ks[r * LDK + col], Q + ((size_t)h * T + min(q0 + r, T - 1)) * D + col, q0 + r < T);
   }
   copies_commit();
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  copies_wait<0>();
   __syncthreads();
   unsigned qa[D / 16][4];
   #pragma unroll
@@ -76,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(float* __restrict_
       copy16(&Vs[r * LDV + col], V + (size_t)min(t0 + r, L - 1) * DV + col, t0 + r < L);
     }
     copies_commit();
-    asm volatile("cp.async.wait_group 1;\n" ::);   // the keys are in; the values may still be on their way
+    copies_wait<1>();   // the keys are in; the values may still be on their way
     __syncthreads();
 
     float s[BC / 8][4];   // the logits: 8 column fragments of 8 positions, rows lane/4 (0, 1) and +8 (2, 3)
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(float* __restrict_
       o[j][0] *= keep[0]; o[j][1] *= keep[0];
       o[j][2] *= keep[1]; o[j][3] *= keep[1];
     }
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    copies_wait<0>();
     __syncthreads();
     // the weights times the values: the logits' fragments are the A fragments of the product, 16 positions a step
     #pragma unroll

@@ -1,0 +1,120 @@
+"""ops/cuda's kernels run on the CPU through an emulation of the CUDA they use (tests/ops/cuda_on_cpu.h), against
+float64 numpy and gguf.quants: their index, mask, decoding and fragment arithmetic is checked on every run, where the GPU
+tests of test_cuda_kernels.py need a lent GPU. The programs are the ones the host functions make (flash_decode,
+flash_prefill, gemm_mma, gemm_mma_words), their launch sizes and arguments as tinygrad would pass them."""
+import shutil
+import subprocess
+from pathlib import Path
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+from tinygrad.uop.ops import ProgramInfo, UOp
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+from ops.cuda import flash_decode, flash_prefill, gemm_mma, gemm_mma_words
+from tests.ops.test_cuda_kernels import _programs, _words
+
+HEADER = Path(__file__).with_name("cuda_on_cpu.h")
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="compiles the emulated kernels with g++")
+
+def emulate(prg: UOp, buffers: list[np.ndarray], ints: tuple[int, ...], tmp: Path) -> np.ndarray:
+  """Runs the program on the CPU over these buffers (in its argument order) and ints (its variables'); returns its
+  first buffer as written."""
+  info = ProgramInfo.from_sink(prg.src[0])
+  assert info.globals == tuple(range(len(buffers))) and len(info.vars) == len(ints)
+  args = ", ".join([f"Arg{{b[{i}]}}" for i in range(len(buffers))] + [f"v[{i}]" for i in range(len(ints))])
+  main = f"int main(int argc, char** argv) {{ return emulate(argc, argv, {{{', '.join(map(str, info.global_size))}}}, {info.local_size[0]}, " \
+         f"{len(buffers)}, [](void** b, const int* v) {{ {info.function_name}({args}); }}); }}\n"
+  (src := tmp / f"{info.function_name}.cpp").write_text(prg.src[2].arg + main)
+  exe = tmp / info.function_name
+  r = subprocess.run(["g++", "-std=c++17", "-O1", "-pthread", "-w", "-include", str(HEADER), "-o", str(exe), str(src)],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  files = []
+  for i, b in enumerate(buffers):
+    (f := tmp / f"{info.function_name}.{i}").write_bytes(np.ascontiguousarray(b).tobytes())
+    files.append(str(f))
+  r = subprocess.run([str(exe), *files, *map(str, ints)], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  return np.frombuffer(Path(files[0]).read_bytes(), dtype=buffers[0].dtype).reshape(buffers[0].shape)
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float, window: int | None,
+              softcap: float | None, sinks: np.ndarray | None) -> np.ndarray:
+  """Attention in float64 of query rows q [Hq, T, D] at `positions` over k [Hkv, L, D] and v [Hkv, L, Dv], causal, query
+  head h reading kv head h // (Hq / Hkv) -> [Hq, T, Dv]."""
+  hq, t, _ = q.shape
+  g, out = hq // k.shape[0], np.zeros((hq, t, v.shape[-1]))
+  for h in range(hq):
+    for i, p in enumerate(positions):
+      x = k[h // g, :p + 1].astype(np.float64) @ q[h, i].astype(np.float64) * scale
+      if softcap: x = softcap * np.tanh(x / softcap)
+      if window: x[:max(0, p + 1 - window)] = -np.inf
+      z = np.append(x, sinks[h]) if sinks is not None else x
+      w = np.exp(z - z.max())
+      out[h, i] = w[:p + 1] @ v[h // g, :p + 1].astype(np.float64) / w.sum()
+  return out
+
+def _cache(rng: np.random.Generator, hkv: int, positions: int, d: int, dv: int) -> tuple[np.ndarray, ...]:
+  """Random fp16 keys and values: one [2, Hkv, L, D] buffer where D == Dv (the cache's joined form), else two."""
+  if d == dv: return ((rng.standard_normal((2, hkv, positions, d)) * 0.5).astype(np.float16),)
+  return tuple((rng.standard_normal((hkv, positions, n)) * 0.5).astype(np.float16) for n in (d, dv))
+
+def _tensors(kv: tuple[np.ndarray, ...]) -> tuple[Tensor, ...]:
+  return tuple(Tensor.empty(1, *b.shape, dtype=dtypes.float16) for b in kv) if len(kv) == 2 else \
+    (Tensor.empty(kv[0].shape[0], 1, *kv[0].shape[1:], dtype=dtypes.float16),)
+
+@pytest.mark.parametrize("hq, hkv, d, dv, window, softcap, sinks", [(8, 2, 64, 64, None, None, False), (4, 1, 128, 64, 50, 30.0, True)])
+def test_flash_decoding_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path, hq, hkv, d, dv, window, softcap, sinks):
+  """Both programs (the parts, their combine) at positions that are no multiple of a part or tile, the decode position
+  as the variable argument a JIT passes."""
+  L = 256
+  kv = _cache(rng, hkv, L, d, dv)
+  k, v = (kv[0][0], kv[0][1]) if len(kv) == 1 else kv
+  sink = rng.standard_normal(hq).astype(np.float32) if sinks else None
+  kw = dict(scale=d ** -0.5, window=window, softcap=softcap)
+  parts, combine = _programs(flash_decode(Tensor.empty(1, hq, 1, d), _tensors(kv), UOp.variable("decode_pos", 0, L - 1).bind(0), **kw,
+                                          sinks=Tensor.empty(hq) if sinks else None))
+  n_parts = ProgramInfo.from_sink(parts.src[0]).global_size[0]
+  for at in (0, 37, 200):
+    q = rng.standard_normal((hq, d)).astype(np.float32)
+    p = emulate(parts, [np.zeros((hq, n_parts, dv + 2), np.float32), q, *kv], (at,), tmp_path)
+    out = emulate(combine, [np.zeros((hq, dv), np.float32), p] + ([sink] if sinks else []), (), tmp_path)
+    want = reference(q.astype(np.float16)[:, None], k, v, np.array([at]), sinks=sink, **kw)[:, 0]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+@pytest.mark.parametrize("hq, hkv, d, dv, window, softcap, sinks", [(4, 2, 64, 64, None, None, False), (2, 1, 32, 16, 40, 30.0, True)])
+def test_flash_attention_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path, hq, hkv, d, dv, window, softcap, sinks):
+  """A chunk of 100 rows (a block of 64 and a partial one) at positions that are no multiple of a tile, its position as the
+  variable argument; the weights rounded to fp16 as the kernel's mma.sync takes them."""
+  L, T = 256, 100
+  kv = _cache(rng, hkv, L, d, dv)
+  k, v = (kv[0][0], kv[0][1]) if len(kv) == 1 else kv
+  sink = rng.standard_normal(hq).astype(np.float32) if sinks else None
+  kw = dict(scale=d ** -0.5, window=window, softcap=softcap)
+  (prg,) = _programs(flash_prefill(Tensor.empty(1, hq, T, d), _tensors(kv), UOp.variable("prefill_pos", 0, L - T).bind(0), **kw,
+                                   sinks=Tensor.empty(hq) if sinks else None))
+  for at in (0, 37):
+    q = rng.standard_normal((hq, T, d)).astype(np.float16)
+    out = emulate(prg, [np.zeros((hq, T, dv), np.float32), q, *kv] + ([sink] if sinks else []), (at,), tmp_path)
+    want = reference(q, k, v, at + np.arange(T), sinks=sink, **kw)
+    np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
+
+def test_gemm_mma_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path):
+  """fp16 rows against fp16 weights, sizes no multiple of a tile."""
+  m, n, k = 77, 300, 96
+  a, b = (rng.standard_normal(s).astype(np.float16) for s in ((m, k), (n, k)))
+  (prg,) = _programs(gemm_mma(Tensor.empty(m, k, dtype=dtypes.float16), Tensor.empty(n, k, dtype=dtypes.float16)))
+  got = emulate(prg, [np.zeros((m, n), np.float32), a, b], (), tmp_path)
+  np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64).T, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
+def test_the_words_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator, tmp_path: Path, ggml_type: T):
+  """The words decoded into shared memory: the blocks gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
+  m, n, k = 77, 300, 96
+  raw, w = _words(ggml_type, n, k, rng)
+  a = rng.standard_normal((m, k)).astype(np.float16)
+  (prg,) = _programs(gemm_mma_words(Tensor.empty(m, k, dtype=dtypes.float16), ggml_type.name, w.words, w.d))
+  got = emulate(prg, [np.zeros((m, n), np.float32), a, w.words.numpy(), w.d.numpy()], (), tmp_path)
+  weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float16).astype(np.float64)
+  want = a.astype(np.float64) @ weights.T
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
