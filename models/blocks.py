@@ -135,7 +135,7 @@ class Attention:
     kernel = self.decode_kernel if q.shape[2] == 1 else self.prefill_kernel
     if kernel != "flash" or q_norm is not None or key_rope is not None or k_norm is not None: return None
     written = (self.cache.kv,) if self.cache.kv is not None else (self.cache.k, self.cache.v)
-    return written if flash_refusal(q, written, start_pos, 1 if q.shape[2] == 1 else None) is None else None
+    return written if flash_refusal(q, written, start_pos, decode=q.shape[2] == 1) is None else None
 
 def kv_cache_dtype(hints: Hints) -> DType:
   """The KV cache's type: fp16 with the hint kv_cache=half or under ggml rounding (as llama.cpp's default cache; attention

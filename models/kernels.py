@@ -7,10 +7,8 @@ from tinygrad import Tensor, dtypes
 from ops.cuda import GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal
 from profiles.hints import Hints
 from quant.gguf_file import GGUFFile
-from quant.linear import StrategyPlan
+from quant.linear import WORD_STRATEGIES, StrategyPlan
 from models.config import ModelConfig
-
-WORD_STRATEGIES = ("packed_words", "int8_dot")   # the strategies that keep a weight's words (quant/linear.py)
 
 def _gemm(g: GGUFFile, hints: Hints) -> str:
   if hints.prefill != "half": return f"tinygrad's for every GEMM: mma takes GEMMs of fp16 inputs (prefill half), this prefill is {hints.prefill}"
@@ -29,7 +27,7 @@ def _attention(g: GGUFFile, rows: int) -> str:
   cfg = ModelConfig.from_gguf(g)
   if isinstance(g.get(f"{g.architecture}.attention.kv_lora_rank"), int): return "tinygrad's: a latent attention (MLA) cache"
   cache = tuple(Tensor.empty(1, cfg.n_kv_heads, 64, d, dtype=dtypes.float16) for d in (cfg.head_dim, cfg.v_head_dim))
-  why = flash_refusal(Tensor.empty(1, cfg.n_heads, rows, cfg.head_dim), cache, 0, 1 if rows == 1 else None)
+  why = flash_refusal(Tensor.empty(1, cfg.n_heads, rows, cfg.head_dim), cache, 0, decode=rows == 1)
   return "every layer" if why is None else f"tinygrad's: {why}"
 
 def hand_written(g: GGUFFile, hints: Hints, device: str) -> list[tuple[str, str]]:

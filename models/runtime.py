@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import UOp
-from ops.cuda import HAND_WRITTEN, hint_refusal
+from ops.cuda import CACHE_READERS, HAND_WRITTEN, hint_refusal
 from ops.kernels import count_kernels
 from models.blocks import kv_cache_dtype
 from models.config import ModelConfig
@@ -72,8 +72,8 @@ class Runtime:
     self.chunk = min(h.prefill_chunk, self.max_context)
     for hint in HAND_WRITTEN:
       if (why := hint_refusal(hint, getattr(h, hint), device or Device.DEFAULT)) is not None: raise ValueError(f"hint {hint}: {why}")
-    for hint in ("decode_attention", "prefill_attention"):
-      if getattr(h, hint) == "flash" and (kv_cache_dtype(h) != dtypes.float16 or h.kv_layout != "heads"):
+    for hint in CACHE_READERS:
+      if getattr(h, hint) == HAND_WRITTEN[hint] and (kv_cache_dtype(h) != dtypes.float16 or h.kv_layout != "heads"):
         raise ValueError(f"hint {hint}: flash reads an fp16 cache of heads (kv_cache half, kv_layout heads), not kv_cache {h.kv_cache}, "
                          f"kv_layout {h.kv_layout}")
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))

@@ -30,6 +30,7 @@ from quant.qtensor import QTensor
 from quant.words import WordBlocks
 
 STRATEGIES = ("packed_dot", "packed_words", "int8_dot", "fused", "dequant_cache", "split")
+WORD_STRATEGIES = ("packed_words", "int8_dot")   # the strategies that keep a weight's words (quant/words.py)
 # how a matmul of many rows (a prompt chunk) reads its weights: by its strategy, or dequantized once into a buffer of
 # this dtype for a GEMM (`gemm`)
 PREFILL_MATMULS = ("packed", "half", "float")
@@ -136,7 +137,7 @@ class _PackedWeight:
     self.cache = weight.dequantize().cast(dtypes.float16).contiguous().realize() if strategy == "dequant_cache" else None
     # int8_dot's CPU kernel reads the GGUF blocks themselves
     self.int8_cpu = strategy == "int8_dot" and int8_cpu.applies(weight)
-    self.words = WordBlocks.from_blocks(weight) if strategy in ("packed_words", "int8_dot") and not self.int8_cpu else None
+    self.words = WordBlocks.from_blocks(weight) if strategy in WORD_STRATEGIES and not self.int8_cpu else None
     self.int8 = strategy == "int8_dot" and (weight.ggml_type in INT8_TYPES or self.int8_cpu)   # matmuls that read x in 8 bits
 
   def gemm_rows(self, x: Tensor | NormedInput) -> bool:

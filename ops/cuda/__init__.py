@@ -72,6 +72,8 @@ def refusal(kernel: str, device: str) -> str | None:
 
 # the hints whose value takes a hand-written kernel of this folder, and that value
 HAND_WRITTEN = {"gemm": "mma", "decode_attention": "flash", "prefill_attention": "flash"}
+# the hints whose hand-written kernel reads the KV cache (an fp16 cache of heads)
+CACHE_READERS = tuple(h for h, v in HAND_WRITTEN.items() if v == "flash")
 
 def hint_refusal(hint: str, value: object, device: str) -> str | None:
   """Why a hint's value cannot run on `device` (a hand-written kernel off a CUDA GPU), in one line; None where it can."""
@@ -101,15 +103,15 @@ def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_ro
   return source("gemm_mma.cu", name, M=m, N=n, K=k, WEIGHTS=weights, GROUPED=int(grouped), BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP,
                 THREADS=GEMM_THREADS)
 
-def _gemm(a: Tensor, n: int, weights: int, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
-  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (`weights` as the source numbers them), with
+def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
+  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (fp16, or the words of `ggml_type`), with
   `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows."""
   (m, k), grouped = a.shape, tile_expert is not None
   bm = m // tile_expert.shape[0] if grouped else gemm_tile_rows(m, n, multiprocessors(a.device))
-  kind = "f16" if weights == 0 else next(t for t, v in GEMM_WORD_TYPES.items() if v == weights).lower()
+  kind = "f16" if ggml_type is None else ggml_type.lower()
   name = f"r_gemm_mma_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
-  code = gemm_mma_source(name, m, n, k, weights, bm, grouped)
+  code = gemm_mma_source(name, m, n, k, 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type], bm, grouped)
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
   ins = [a, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
   return Tensor.custom_kernel(out, *(t.contiguous() for t in ins), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
@@ -119,7 +121,7 @@ def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   if not gemm_mma_applies(a, b):
     raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: "
                         f"{a.shape} {a.dtype}, {b.shape} {b.dtype}")
-  return _gemm(a, b.shape[0], 0, (b,))
+  return _gemm(a, b.shape[0], None, (b,))
 
 def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> bool:
   """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block], or with
@@ -138,7 +140,7 @@ def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, til
   if not gemm_mma_words_applies(a, ggml_type, words, scales, tile_expert):
     raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
-  return _gemm(a, words.shape[-3], GEMM_WORD_TYPES[ggml_type], (words, scales), tile_expert)
+  return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert)
 
 # the `decode_attention` and `prefill_attention` hints' choices: tinygrad's kernels (ops/attention.py), or the flash
 # kernels of decode_attention.cu (flash-decoding) and prefill_attention.cu (flash attention)
@@ -156,25 +158,25 @@ def _cache(kv: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
   """A cache's keys and values, from its written buffers: (k, v), or one [2, 1, Hkv, L, D] holding both."""
   return (kv[0][0], kv[0][1]) if len(kv) == 1 else (kv[0], kv[1])
 
-def flash_refusal(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, rows: int | None = None) -> str | None:
+def flash_refusal(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, decode: bool = False) -> str | None:
   """Why the flash kernels cannot take this attention, in one line; None where they can: q [1, Hq, T, D] of one sequence
-  (T `rows`: 1 for flash_decode, the chunk's for flash_prefill) against an fp16 cache of heads (kv: k [1, Hkv, L, D] and
+  (one row for flash_decode, `decode`; a chunk's for flash_prefill) against an fp16 cache of heads (kv: k [1, Hkv, L, D] and
   v, or both as one [2, 1, Hkv, L, D]), at most 16 query heads a kv head, a position that is a number or one variable,
   and the head sizes the kernel is written for: keys of whole 16-byte rows and values of 32 to 256 columns in steps of 32
   (decode), both 16 to 128 in steps of 16 (prefill)."""
   k, v = _cache(kv)
-  what = "flash decoding" if rows == 1 else "flash attention"
-  if q.ndim != 4 or q.shape[0] != 1 or (rows is not None and q.shape[2] != rows):
-    return f"{what} takes {'one query row' if rows == 1 else 'query rows'} of one sequence, not q of {q.shape}"
+  what = "flash decoding" if decode else "flash attention"
+  if q.ndim != 4 or q.shape[0] != 1 or (decode and q.shape[2] != 1):
+    return f"{what} takes {'one query row' if decode else 'query rows'} of one sequence, not q of {q.shape}"
   if k.dtype != dtypes.float16 or v.dtype != dtypes.float16: return f"{what} reads an fp16 cache, not {k.dtype.name}"
   if not _fixed(q, k, v) or k.ndim != 4 or k.shape[0] != 1: return f"{what} reads a cache of heads [1, Hkv, L, D], not {k.shape}"
   (_, hq, _, d), (_, hkv, _, dk), dv = q.shape, k.shape, v.shape[-1]
   if d != dk or hq % hkv or hq // hkv > 16: return f"{what} takes up to 16 query heads a kv head of one size: {hq} of {d}, {hkv} of {dk}"
-  if rows == 1 and (d % 8 or dv % 32 or dv > 256):
+  if decode and (d % 8 or dv % 32 or dv > 256):
     return f"{what} takes keys of whole 16-byte rows and value heads of 32 to 256 columns, not {d} and {dv}"
-  if rows == 1 and 4 * (hq // hkv) * (d + ATTENTION_THREADS // 32 * (dv + 2)) > 48 * 1024:
+  if decode and 4 * (hq // hkv) * (d + ATTENTION_THREADS // 32 * (dv + 2)) > 48 * 1024:
     return f"{what} keeps a block's query rows and sums in 48 KB of shared memory: {hq // hkv} query heads a kv head of {d} and {dv} do not fit"
-  if rows != 1 and (d % 16 or dv % 16 or d > 128 or dv > 128):
+  if not decode and (d % 16 or dv % 16 or d > 128 or dv > 128):
     return f"{what} takes key and value heads of 16 to 128 in steps of 16, not {d} and {dv}"
   if not isinstance(start_pos, int) and len(start_pos.variables()) != 1: return f"{what} takes a position of one variable"
   return None
@@ -197,7 +199,7 @@ def flash_decode(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, *, scale: f
   cache kv (as written, after this step's write: (k, v) or one [2, 1, Hkv, L, D] buffer of both), decode_attention.cu's
   two kernels: the parts, then their combine -> [1, Hq, 1, Dv] float32. Softmax(q.k * scale), soft-capped, within a
   sliding window, with a sink logit per query head: as ops/attention.py's attention (where `flash_refusal` is None)."""
-  if (why := flash_refusal(q, kv, start_pos, 1)) is not None: raise KernelRefused(why)
+  if (why := flash_refusal(q, kv, start_pos, decode=True)) is not None: raise KernelRefused(why)
   k, v = _cache(kv)
   (_, hq, _, d), (_, hkv, positions, _), dv = q.shape, k.shape, v.shape[-1]
   parts = flash_decode_parts(hkv, positions, multiprocessors(q.device))

@@ -271,7 +271,7 @@ def test_flash_decoding_parts_fill_the_gpu_in_powers_of_two():
 def test_flash_decoding_refuses_what_it_does_not_take(q, k, v, why):
   half = dtypes.float16 if v is not None else dtypes.float32
   kv = (Tensor.empty(*k, dtype=half), Tensor.empty(*(v or k), dtype=half))
-  assert why in (flash_refusal(Tensor.empty(*q), kv, 3, 1) or "")
+  assert why in (flash_refusal(Tensor.empty(*q), kv, 3, decode=True) or "")
   with pytest.raises(KernelRefused, match=why): flash_decode(Tensor.empty(*q), kv, 3, scale=1.0)
 
 def test_the_decode_attention_hint_is_refused_off_a_cuda_gpu_and_off_an_fp16_cache_of_heads(capsys):
@@ -328,7 +328,7 @@ def test_flash_attention_is_one_program_a_block_for_64_rows_of_a_head():
   assert "#define T 100\n" in prg.src[2].arg and "#define SINKS 1\n" in prg.src[2].arg
   # heads past what the kernel holds in registers stay with tinygrad's
   wide = (Tensor.empty(1, 2, 1024, 256, dtype=dtypes.float16), Tensor.empty(1, 2, 1024, 256, dtype=dtypes.float16))
-  assert "16 to 128" in flash_refusal(Tensor.empty(1, 8, 100, 256), wide, 0) and flash_refusal(Tensor.empty(1, 8, 1, 256), wide, 0, 1) is None
+  assert "16 to 128" in flash_refusal(Tensor.empty(1, 8, 100, 256), wide, 0) and flash_refusal(Tensor.empty(1, 8, 1, 256), wide, 0, decode=True) is None
 
 @nvcc
 @pytest.mark.parametrize("hkv, g, d, dv, window, softcap, sinks, joined, start", [
