@@ -12,6 +12,10 @@ from tinygrad.uop.ops import ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from ops.cuda import flash_decode, flash_prefill, gemm_mma, gemm_mma_words
+from ops.routing import ExpertGroups
+from quant.qtensor import QTensor
+from quant.random_blocks import random_blocks
+from quant.words import WordBlocks
 from tests.ops.test_cuda_kernels import _programs, _words
 
 HEADER = Path(__file__).with_name("cuda_on_cpu.h")
@@ -117,4 +121,20 @@ def test_the_words_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator,
   got = emulate(prg, [np.zeros((m, n), np.float32), a, w.words.numpy(), w.d.numpy()], (), tmp_path)
   weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float16).astype(np.float64)
   want = a.astype(np.float64) @ weights.T
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+def test_the_grouped_words_gemm_on_the_cpu_reads_each_tiles_expert(rng: np.random.Generator, tmp_path: Path):
+  """A chunk's 45 rows, each through 2 of 6 experts, grouped into tiles of 32 (the padding's rows zero): each tile's rows
+  against its expert's blocks, dequantized by gguf.quants."""
+  n_experts, n, k, tile = 6, 200, 64, 32
+  raw = random_blocks(T.Q4_0, (n_experts, n, k), rng)
+  w = WordBlocks.from_blocks(QTensor.from_bytes(raw, T.Q4_0, (n_experts, n, k)))
+  sel = np.stack([rng.choice(n_experts, 2, replace=False) for _ in range(45)]).astype(np.int32)
+  groups = ExpertGroups.of(Tensor(sel), n_experts, tile)
+  x = rng.standard_normal((45, k)).astype(np.float16)
+  rows, tile_expert = groups.rows(Tensor(x)).cast(dtypes.float16).numpy(), groups.tile_expert.cast(dtypes.int32).numpy()
+  (prg,) = _programs(gemm_mma_words(Tensor.empty(*rows.shape, dtype=dtypes.float16), "Q4_0", w.words, w.d, Tensor.empty(len(tile_expert), dtype=dtypes.int32)))
+  got = emulate(prg, [np.zeros((len(rows), n), np.float32), rows, w.words.numpy(), w.d.numpy(), tile_expert], (), tmp_path)
+  weights = gguf_quants.dequantize(raw, T.Q4_0).reshape(n_experts, n, k).astype(np.float16).astype(np.float64)
+  want = np.stack([rows[s].astype(np.float64) @ weights[tile_expert[s // tile]].T for s in range(len(rows))])
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
