@@ -4,11 +4,12 @@ dropped in silence. Read from the file's tensor directory and metadata, no weigh
 refusal (ops/cuda flash_refusal) judges the model's heads."""
 from gguf import GGMLQuantizationType as T
 from tinygrad import Tensor, dtypes
-from ops.cuda import GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal
+from ops.cuda import GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal, latent_refusal
 from profiles.hints import Hints
 from quant.gguf_file import GGUFFile
 from quant.linear import WORD_STRATEGIES, StrategyPlan
 from models.config import ModelConfig
+from models.deepseek2 import MLAConfig
 
 def _gemm(g: GGUFFile, hints: Hints) -> str:
   if hints.prefill != "half": return f"tinygrad's for every GEMM: mma takes GEMMs of fp16 inputs (prefill half), this prefill is {hints.prefill}"
@@ -23,17 +24,25 @@ def _gemm(g: GGUFFile, hints: Hints) -> str:
           "dequantized": "{} dequantized to fp16 first", "experts": "{} experts: tinygrad's grouped GEMM", "routers": "{} (routers): tinygrad's"}
   return "; ".join(said[k].format(", ".join(sorted(types))) for k, types in taken.items() if types)
 
-def _attention(g: GGUFFile, rows: int) -> str:
+def _attention(g: GGUFFile, hints: Hints, rows: int) -> str:
   cfg = ModelConfig.from_gguf(g)
-  if isinstance(g.get(f"{g.architecture}.attention.kv_lora_rank"), int): return "tinygrad's: a latent attention (MLA) cache"
+  if isinstance(g.get(f"{g.architecture}.attention.kv_lora_rank"), int): return _latent(g, cfg, hints, rows)
   cache = tuple(Tensor.empty(1, cfg.n_kv_heads, 64, d, dtype=dtypes.float16) for d in (cfg.head_dim, cfg.v_head_dim))
   why = flash_refusal(Tensor.empty(1, cfg.n_heads, rows, cfg.head_dim), cache, 0, decode=rows == 1)
   return "every layer" if why is None else f"tinygrad's: {why}"
 
+def _latent(g: GGUFFile, cfg: ModelConfig, hints: Hints, rows: int) -> str:
+  if rows != 1: return "tinygrad's: a latent attention (MLA) cache"
+  if hints.mla_v_cache: return "tinygrad's: the latent cache's values in a cache of their own (mla_v_cache)"
+  mla = MLAConfig.from_gguf(g)
+  d = mla.kv_lora_rank + mla.rope_dim
+  why = latent_refusal(Tensor.empty(1, cfg.n_heads, 1, d), Tensor.empty(1, 64, d, dtype=dtypes.float16), 0, mla.kv_lora_rank)
+  return "every layer, from the latent cache" if why is None else f"tinygrad's: {why}"
+
 def hand_written(g: GGUFFile, hints: Hints, device: str) -> list[tuple[str, str]]:
   """(hint and value, what its kernel takes of this model on `device`) for each hint whose value is a hand-written kernel."""
-  takes = {"gemm": lambda: _gemm(g, hints), "decode_attention": lambda: _attention(g, 1),
-           "prefill_attention": lambda: _attention(g, hints.prefill_chunk)}
+  takes = {"gemm": lambda: _gemm(g, hints), "decode_attention": lambda: _attention(g, hints, 1),
+           "prefill_attention": lambda: _attention(g, hints, hints.prefill_chunk)}
   out = []
   for hint, kernel in HAND_WRITTEN.items():
     if getattr(hints, hint) != kernel: continue

@@ -192,7 +192,8 @@ HINTS: dict[str, Hint] = {
   "decode_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a decode step's attention over an fp16 cache of "
                               "heads (kv_cache half, kv_layout heads): tinygrad's (attention, split_kv, softmax), or flash "
                               "(ops/cuda/decode_attention.cu: flash-decoding, the positions split into parts whose blocks each read "
-                              "a kv head once for its query heads, then their combine; CUDA GPUs); another step, tinygrad's"),
+                              "a kv head once for its query heads, then their combine; over a latent (MLA) cache decode_latent.cu, "
+                              "its heads the rows of mma.sync tiles; CUDA GPUs); another step, tinygrad's"),
   "prefill_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a prompt chunk's attention over an fp16 cache of heads "
                                "(kv_cache half, kv_layout heads): tinygrad's (logits and value sums as GEMMs over the chunks read), "
                                "or flash (ops/cuda/prefill_attention.cu: one tiled kernel, online softmax, no score tensor in "

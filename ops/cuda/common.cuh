@@ -48,3 +48,36 @@ __device__ __forceinline__ float soft_cap(float x, float cap) { return cap > 0.f
 #define VALUES(kvh) (KV + V_OFFSET + (size_t)(kvh) * L * DV)
 #endif
 #define KEYS(kvh) (KV + (size_t)(kvh) * L * D)
+
+// flash-decoding's second kernel, for the kernels whose parts (PARTS of them, their sums unnormalized beside their max in
+// base 2 and their denominator, P [heads, PARTS, DV + 2]) it combines: a block for each query head, a thread for each
+// value column, the parts rescaled to their largest max (and a sink's logit, SINKS), summed and divided by the
+// denominator: O [heads, DV].
+#ifdef PARTS
+extern "C" __global__ void __launch_bounds__(DV) CAT(NAME, _combine)(float* __restrict__ O, const float* __restrict__ P
+#if SINKS
+                                                             , const float* __restrict__ S
+#endif
+                                                             ) {
+  const int h = blockIdx.x, col = threadIdx.x;
+  const float* parts = P + (size_t)h * PARTS * (DV + 2);
+  float top = NEG_INF;
+  for (int p = 0; p < PARTS; p++) top = fmaxf(top, parts[p * (DV + 2) + DV + 1]);
+#if SINKS
+  const float sink = S[h] * LOG2E;
+  top = fmaxf(top, sink);
+  float denominator = exp2f(sink - top);
+#else
+  float denominator = 0.f;
+#endif
+  float sum = 0.f;
+  for (int p = 0; p < PARTS; p++) {
+    const float* part = parts + p * (DV + 2);
+    if (part[DV + 1] == NEG_INF) continue;
+    const float r = exp2f(part[DV + 1] - top);
+    sum += part[col] * r;
+    denominator += part[DV] * r;
+  }
+  O[(size_t)h * DV + col] = sum / denominator;
+}
+#endif

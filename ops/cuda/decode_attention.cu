@@ -9,8 +9,7 @@
 //     softmax); then each lane takes DV / 32 of the value columns, each position's weight broadcast from its lane. The
 //     block's four warps are combined in shared memory and the part's sums written unnormalized beside their max and
 //     denominator: P [HKV * G, PARTS, DV + 2].
-//   NAME_combine: a block for each query head, a thread for each value column: the parts rescaled to their largest max
-//     (and a sink's logit, SINKS), summed and divided by the denominator: O [HKV * G, DV].
+//   NAME_combine (common.cuh): the parts combined, O [HKV * G, DV].
 // The host defines NAME, HKV, G, D, DV, L, PARTS, WINDOW (0: none), SCALE, SOFTCAP (0: none), SINKS, V_OFFSET and SEPARATE_V, and
 // START_POS where the position is a number rather than the decode step's variable (the kernel's last argument).
 #if D % 8 || DV % 32 || DV > 256 || G > 16
@@ -130,31 +129,4 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
     }
     P[((size_t)(kvh * G + g) * PARTS + part) * (DV + 2) + col] = out;
   }
-}
-
-extern "C" __global__ void __launch_bounds__(DV) CAT(NAME, _combine)(float* __restrict__ O, const float* __restrict__ P
-#if SINKS
-                                                             , const float* __restrict__ S
-#endif
-                                                             ) {
-  const int h = blockIdx.x, col = threadIdx.x;
-  const float* parts = P + (size_t)h * PARTS * (DV + 2);
-  float top = NEG_INF;
-  for (int p = 0; p < PARTS; p++) top = fmaxf(top, parts[p * (DV + 2) + DV + 1]);
-#if SINKS
-  const float sink = S[h] * LOG2E;
-  top = fmaxf(top, sink);
-  float denominator = exp2f(sink - top);
-#else
-  float denominator = 0.f;
-#endif
-  float sum = 0.f;
-  for (int p = 0; p < PARTS; p++) {
-    const float* part = parts + p * (DV + 2);
-    if (part[DV + 1] == NEG_INF) continue;
-    const float r = exp2f(part[DV + 1] - top);
-    sum += part[col] * r;
-    denominator += part[DV] * r;
-  }
-  O[(size_t)h * DV + col] = sum / denominator;
 }
