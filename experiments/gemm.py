@@ -1,8 +1,8 @@
 """`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul's type, rows and columns, once,
 its weights joined as the model joins them: q, k and v, gate and up), under each GEMM kernel of the `gemm` hint this
 device runs, in JIT steady state as prefill runs it, the weights read as the model's strategy keeps them: tinygrad's
-GEMM and mma's of fp16 weights take them dequantized first, mma decodes the words of Q4_0, Q8_0 and MXFP4 itself;
-TFLOP/s count the dequantization in. A MoE's expert weights are timed in the grouped form a chunk's experts take
+GEMM and mma's of fp16 weights take them dequantized first, mma decodes the words of Q4_0, Q8_0 and MXFP4 and Q4_K's
+blocks itself; TFLOP/s count the dequantization in. A MoE's expert weights are timed in the grouped form a chunk's experts take
 (ops/routing.py ExpertGroups: the chunk's choices of a random routing sorted into tiles of one expert each, every tile
 reading its expert once); their TFLOP/s count the chosen rows' products, not the tiles' padding. Beside the dense ones
 cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA GPU, in the same run; and
@@ -19,7 +19,7 @@ from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.steady import steady_state
 from ops import patches
-from ops.cuda import GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, mma_refusal
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, mma_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
 from quant.qtensor import QTensor, concat_rows
@@ -137,8 +137,8 @@ def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy
 
 def kernels_of(shape: GemmShape, kernels: list[str]) -> list[str]:
   """The kernels that take a shape's GEMM: tinygrad's alone for F32 weights (a GEMM of float32 inputs: MoE routers), sums
-  not a whole number of mma's K steps and expert weights of a type whose words mma does not read."""
-  if shape.ggml_type == "F32" or shape.k % GEMM_K_STEP or (shape.experts and shape.ggml_type not in GEMM_WORD_TYPES):
+  not a whole number of mma's K steps and expert weights of a type whose words or blocks mma does not read."""
+  if shape.ggml_type == "F32" or shape.k % GEMM_K_STEP or (shape.experts and shape.ggml_type not in {**GEMM_WORD_TYPES, **GEMM_BLOCK_TYPES}):
     return [k for k in kernels if k == "tinygrad"]
   return kernels
 

@@ -4,7 +4,7 @@ dropped in silence. Read from the file's tensor directory and metadata, no weigh
 refusal (ops/cuda flash_refusal) judges the model's heads."""
 from gguf import GGMLQuantizationType as T
 from tinygrad import Tensor, dtypes
-from ops.cuda import GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal, latent_refusal
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_WORD_TYPES, HAND_WRITTEN, flash_refusal, hint_refusal, latent_refusal
 from profiles.hints import Hints
 from quant.gguf_file import GGUFFile
 from quant.linear import WORD_STRATEGIES, StrategyPlan
@@ -14,13 +14,19 @@ from models.deepseek2 import MLAConfig
 def _gemm(g: GGUFFile, hints: Hints) -> str:
   if hints.prefill != "half": return f"tinygrad's for every GEMM: mma takes GEMMs of fp16 inputs (prefill half), this prefill is {hints.prefill}"
   plan, tied = StrategyPlan.parse(hints.strategy), "output.weight" not in g.tensors   # tied: the embedding table is the output matmul
-  taken: dict[str, set[str]] = {k: set() for k in ("dense words", "expert words", "dequantized", "experts", "routers")}
+  kinds = ("dense words", "dense blocks", "expert words", "expert blocks", "dequantized", "experts", "routers")
+  taken: dict[str, set[str]] = {k: set() for k in kinds}
   for t in g.tensors.values():
     if len(t.shape) not in (2, 3) or (t.name == "token_embd.weight" and not tied): continue
-    expert, words = "_exps" in t.name, t.ggml_type.name in GEMM_WORD_TYPES and plan.for_weight(t.name, t.ggml_type) in WORD_STRATEGIES
-    kind = "routers" if t.ggml_type is T.F32 else ("expert words" if expert else "dense words") if words else "experts" if expert else "dequantized"
-    taken[kind].add(t.ggml_type.name)
-  said = {"dense words": "{} words decoded by the kernel", "expert words": "{} experts' words decoded by the kernel, grouped by tile",
+    name, expert = t.ggml_type.name, "_exps" in t.name
+    # the words where the strategy keeps them, else GGUF's blocks of the types the kernel reads as stored
+    words = name in GEMM_WORD_TYPES and plan.for_weight(t.name, t.ggml_type) in WORD_STRATEGIES
+    packed = "words" if words else "blocks" if name in GEMM_BLOCK_TYPES else None
+    kind = "routers" if t.ggml_type is T.F32 else f"{'expert' if expert else 'dense'} {packed}" if packed else "experts" if expert else "dequantized"
+    taken[kind].add(name)
+  said = {"dense words": "{} words decoded by the kernel", "dense blocks": "{} blocks decoded by the kernel",
+          "expert words": "{} experts' words decoded by the kernel, grouped by tile",
+          "expert blocks": "{} experts' blocks decoded by the kernel, grouped by tile",
           "dequantized": "{} dequantized to fp16 first", "experts": "{} experts: tinygrad's grouped GEMM", "routers": "{} (routers): tinygrad's"}
   return "; ".join(said[k].format(", ".join(sorted(types))) for k, types in taken.items() if types)
 

@@ -19,7 +19,7 @@ from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
-from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies, gemm_mma_words, gemm_mma_words_applies
+from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, gemm_mma_words, gemm_mma_words_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
@@ -153,19 +153,24 @@ class _PackedWeight:
 
   def gemm_of(self, x: Tensor) -> Tensor:
     """x @ W.T as a prefill GEMM, x rounded as the activations are, whatever its rows: gemm mma reading the words
-    themselves where it takes them (`_words_gemm`), else gemm() of the dequantized weights."""
+    or blocks themselves where it takes them (`_packed_gemm`), else gemm() of the dequantized weights."""
     x = round_activations(x, self.weight.ggml_type, self.rounding)
-    if (y := self._words_gemm(x)) is not None: return y
+    if (y := self._packed_gemm(x)) is not None: return y
     return gemm(self._float_weights(), x, self._gemm_dtype(), self.upcast, self.gemm_kernel)
 
-  def _words_gemm(self, x: Tensor, tile_expert: Tensor | None = None) -> Tensor | None:
-    """The GEMM of gemm mma decoding the words as it loads them (ops/cuda: gemm_mma_words), with no pass of its own writing
-    the weights out in fp16: one matrix's, or with tile_expert (ExpertGroups) each tile's expert's; None where it does not
-    take this weight (another kernel or format, several matrices, a sum rounded to half, a tile it is not written for)."""
-    if self.gemm_kernel != "mma" or self.words is None or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
+  def _packed_gemm(self, x: Tensor, tile_expert: Tensor | None = None) -> Tensor | None:
+    """The GEMM of gemm mma decoding the packed weights as it loads them, with no pass of its own writing them out in fp16:
+    their words (ops/cuda gemm_mma_words) or, for a type kept as GGUF's blocks, the blocks (gemm_mma_blocks); one
+    matrix's, or with tile_expert (ExpertGroups) each tile's expert's. None where it does not take this weight (another
+    kernel or format, several matrices, a sum rounded to half, a tile it is not written for)."""
+    if self.gemm_kernel != "mma" or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
     a, t = x.reshape(-1, x.shape[-1]).cast(dtypes.float16), self.weight.ggml_type.name
-    if not gemm_mma_words_applies(a, t, self.words.words, self.words.d, tile_expert): return None
-    return gemm_mma_words(a, t, self.words.words, self.words.d, tile_expert).reshape(*x.shape[:-1], self.weight.shape[-2])
+    if self.words is not None and gemm_mma_words_applies(a, t, self.words.words, self.words.d, tile_expert):
+      y = gemm_mma_words(a, t, self.words.words, self.words.d, tile_expert)
+    elif self.words is None and gemm_mma_blocks_applies(a, t, self.weight.blocks, tile_expert):
+      y = gemm_mma_blocks(a, t, self.weight.blocks, tile_expert)
+    else: return None
+    return y.reshape(*x.shape[:-1], self.weight.shape[-2])
 
   def transposed_gemm_of(self, x: Tensor) -> Tensor:
     """x @ W (the transposed matmul) as a prefill GEMM of the dequantized weights: x [..., *lead, out] -> [..., *lead, in]."""
@@ -247,7 +252,7 @@ class QuantExperts(_PackedWeight):
     """A prompt chunk's rows in slot order (groups.rows) through their experts: x [slots, in] -> [slots, out], one GEMM
     whose tiles each read their expert's weights once (gemm mma's decoding the words, where it takes them)."""
     experts, x = groups.slot_experts, round_activations(x, self.weight.ggml_type, self.rounding)
-    if (y := self._words_gemm(x, groups.tile_expert)) is None: y = grouped_gemm(self._float_weights(), x, experts, self._gemm_dtype(), self.upcast)
+    if (y := self._packed_gemm(x, groups.tile_expert)) is None: y = grouped_gemm(self._float_weights(), x, experts, self._gemm_dtype(), self.upcast)
     return y if self.bias is None else y + self.bias[experts].reshape(y.shape)
 
   def mixed(self, x: Tensor | Int8Rows, sel: Tensor, mix: Tensor) -> Tensor:

@@ -82,9 +82,10 @@ def hint_refusal(hint: str, value: object, device: str) -> str | None:
 def mma_refusal(device: str) -> str | None: return hint_refusal("gemm", "mma", device)
 
 GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
-# the packed weights gemm_mma reads as they are stored (quant/words.py's word layout): GGML type name -> its WEIGHTS
-# in gemm_mma.cu; 0 is fp16 weights
+# the packed weights gemm_mma reads as they are stored: GGML type name -> its WEIGHTS in gemm_mma.cu (0 is fp16
+# weights), in quant/words.py's word layout, or GGUF's own blocks (type name -> its WEIGHTS, elements and bytes a block)
 GEMM_WORD_TYPES = {"Q4_0": 1, "Q8_0": 2, "MXFP4": 3}
+GEMM_BLOCK_TYPES = {"Q4_K": (4, 256, 144)}
 
 def _fixed(*ts: Tensor) -> bool: return all(isinstance(s, int) for t in ts for s in t.shape)
 
@@ -104,14 +105,15 @@ def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_ro
                 THREADS=GEMM_THREADS)
 
 def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
-  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (fp16, or the words of `ggml_type`), with
+  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (fp16, or the words or blocks of `ggml_type`), with
   `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows."""
   (m, k), grouped = a.shape, tile_expert is not None
   bm = m // tile_expert.shape[0] if grouped else gemm_tile_rows(m, n, multiprocessors(a.device))
   kind = "f16" if ggml_type is None else ggml_type.lower()
   name = f"r_gemm_mma_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
-  code = gemm_mma_source(name, m, n, k, 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type], bm, grouped)
+  weights = 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type] if ggml_type in GEMM_WORD_TYPES else GEMM_BLOCK_TYPES[ggml_type][0]
+  code = gemm_mma_source(name, m, n, k, weights, bm, grouped)
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
   ins = [a, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
   return Tensor.custom_kernel(out, *(t.contiguous() for t in ins), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
@@ -127,8 +129,13 @@ def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Ten
   """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block], or with
   tile_expert [tiles] experts' words [experts, N, K/32, words a block] in tiles of 32, 64 or 128 rows."""
   lead = 0 if tile_expert is None else 1
-  return (ggml_type in GEMM_WORD_TYPES and a.ndim == 2 and a.dtype == dtypes.float16 and words.ndim == 3 + lead and _fixed(a, words)
-          and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1]
+  return (ggml_type in GEMM_WORD_TYPES and _rows_apply(a, words, tile_expert) and words.ndim == 3 + lead
+          and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1])
+
+def _rows_apply(a: Tensor, w: Tensor, tile_expert: Tensor | None) -> bool:
+  """Whether gemm_mma takes a's rows against the packed w: fp16 [M, K] of fixed shapes, in tiles of 32, 64 or 128 rows
+  where grouped by expert."""
+  return (a.ndim == 2 and a.dtype == dtypes.float16 and _fixed(a, w)
           and (tile_expert is None or (tile_expert.ndim == 1 and a.shape[0] % tile_expert.shape[0] == 0
                                        and a.shape[0] // tile_expert.shape[0] in GEMM_TILE_ROWS)))
 
@@ -141,6 +148,22 @@ def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, til
     raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
   return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert)
+
+def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> bool:
+  """Whether gemm_mma_blocks computes a @ W.T: a fp16 [M, K] against one matrix's GGUF blocks [N, K / elements, bytes]
+  (QTensor.blocks), or with tile_expert [tiles] experts' [experts, N, ...], in tiles of 32, 64 or 128 rows."""
+  if ggml_type not in GEMM_BLOCK_TYPES: return False
+  _, elements, nbytes = GEMM_BLOCK_TYPES[ggml_type]
+  return (_rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None) and blocks.dtype == dtypes.uint8
+          and blocks.shape[-1] == nbytes and blocks.shape[-2] * elements == a.shape[1])
+
+def gemm_mma_blocks(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> Tensor:
+  """a [M, K] (fp16) @ W.T -> [M, N] float32, W one matrix of GGUF blocks as stored (QTensor.blocks, uint8 [N, K /
+  elements, bytes]: Q4_K), decoded inside the GEMM; with tile_expert [tiles] a MoE's experts, as gemm_mma_words."""
+  if not gemm_mma_blocks_applies(a, ggml_type, blocks, tile_expert):
+    raise KernelRefused(f"gemm mma reads the blocks of {', '.join(GEMM_BLOCK_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
+                        f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {blocks.shape}, {a.shape} {a.dtype}")
+  return _gemm(a, blocks.shape[-3], ggml_type, (blocks,), tile_expert)
 
 # the `decode_attention` and `prefill_attention` hints' choices: tinygrad's kernels (ops/attention.py), or the flash
 # kernels of decode_attention.cu (flash-decoding) and prefill_attention.cu (flash attention)

@@ -1,6 +1,7 @@
 // C[M, N] (float32) = A[M, K] . W[N, K]^T: a prompt chunk's rows (fp16, row-major) against a weight's rows read as they
-// are stored: fp16 (WEIGHTS 0), or the word layout of a 32-element block format (quant/words.py: a block's quants as
-// 32-bit words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), dequantized to fp16 on their way into shared memory,
+// are stored: fp16 (WEIGHTS 0), the word layout of a 32-element block format (quant/words.py: a block's quants as 32-bit
+// words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), or GGUF's Q4_K super-blocks as they are (WEIGHTS 4: 144 bytes
+// a 256 elements, 16-byte aligned: d, dmin and the 6-bit scales and mins in the first 16), dequantized to fp16 on their way into shared memory,
 // so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a MoE's expert weights [experts, N, ...]
 // against a chunk's rows sorted into tiles of BM rows that share an expert (ops/routing.py ExpertGroups), E[tile] each
 // tile's expert: a block reads its tile's expert alone.
@@ -11,8 +12,8 @@
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
 // The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
-#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 3
-#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-3"
+#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 4 || (WEIGHTS == 4 && K % 256)
+#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-4 (Q4_K: K a multiple of 256)"
 #endif
 #define MI (BM / 32)      // a warp's 16-row fragments of A
 #define STAGES 3          // cp.async stages of A (and of fp16 W)
@@ -27,7 +28,16 @@
 // eight rows ldmatrix reads at one chunk, and cp.async's stores, meet no bank twice
 __device__ __forceinline__ int at(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 3); }
 
-#if WEIGHTS
+#if WEIGHTS == 4
+// two quants of a word's bytes k and k+1, `shift` bits up in each byte and 4 bits wide, as a half2 of sc * q - mn (in
+// float32, rounded once, as gguf's dequantization computes them)
+__device__ __forceinline__ unsigned decode2_min(unsigned w, int k, int shift, float sc, float mn) {
+  unsigned bits = (__byte_perm(w >> shift, 0, k == 0 ? 0x4140 : 0x4342) & 0x000F000Fu) | 0x64006400u;   // 1024 + q, exactly
+  const float2 q = __half22float2(*reinterpret_cast<__half2*>(&bits));
+  __half2 v = __floats2half2_rn((q.x - 1024.f) * sc - mn, (q.y - 1024.f) * sc - mn);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+#elif WEIGHTS
 // two quants of a word's bytes k and k+1 (k = 0 or 2), `shift` bits up in each byte and 4 or 8 bits wide, as a half2
 // of their values before the block's scale; `scale`: the block's, as a half2
 __device__ __forceinline__ unsigned decode2(unsigned w, int k, int shift, __half2 scale) {
@@ -54,6 +64,8 @@ __device__ __forceinline__ unsigned decode2(unsigned w, int k, int shift, __half
 extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C, const half* __restrict__ A,
 #if WEIGHTS == 0
                                                          const half* __restrict__ W
+#elif WEIGHTS == 4
+                                                         const uint4* __restrict__ Wb
 #elif WEIGHTS == 3
                                                          const unsigned* __restrict__ Wq, const unsigned char* __restrict__ We
 #else
@@ -108,6 +120,34 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   // packed W: two threads a row, each half of the row's block in this step (rows past N repeat the last one)
   const int wr = tid >> 1, wh = tid & 1, gn = n0 + wr < N ? n0 + wr : N - 1;
   uint4 q;        // the words of the step being fetched
+#if WEIGHTS == 4
+  float sc, mn;   // and its sub-block's scale and min (d times its 6-bit scale, dmin times its 6-bit min)
+  int shift;      // and the nibble its quants are in
+  auto fetch = [&](int step) {
+    // step's 32 elements: sub-block j = step % 8 of super-block step / 8; of 64-element group j / 2, whose quant bytes
+    // hold sub-block j's in their low nibbles where j is even, else in their high ones, this thread's 16 bytes
+    const uint4* super = Wb + ((expert * N + gn) * (K / 256) + step / 8) * 9;
+    const int j = step & 7;
+    q = super[1 + 2 * (j >> 1) + wh];
+    shift = 4 * (j & 1);
+    const uint4 head = super[0];
+    const unsigned scales[3] = {head.y, head.z, head.w};
+    auto byte = [&](int i) { return (scales[i >> 2] >> (8 * (i & 3))) & 0xFFu; };
+    const unsigned s6 = j < 4 ? byte(j) & 63 : (byte(j + 4) & 15) | ((byte(j - 4) >> 6) << 4);
+    const unsigned m6 = j < 4 ? byte(j + 4) & 63 : (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&head.x));   // d, dmin
+    sc = dm.x * (float)s6; mn = dm.y * (float)m6;
+  };
+  // the fetched quants decoded into stage `stage` of W's shared tile: elements 16 wh .. 16 wh + 15, two chunks
+  auto decode = [&](int stage) {
+    const uint4 lo = make_uint4(decode2_min(q.x, 0, shift, sc, mn), decode2_min(q.x, 2, shift, sc, mn), decode2_min(q.y, 0, shift, sc, mn),
+                                decode2_min(q.y, 2, shift, sc, mn));
+    const uint4 hi = make_uint4(decode2_min(q.z, 0, shift, sc, mn), decode2_min(q.z, 2, shift, sc, mn), decode2_min(q.w, 0, shift, sc, mn),
+                                decode2_min(q.w, 2, shift, sc, mn));
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
+  };
+#else
   __half2 scale;  // and its block's scale
   auto fetch = [&](int step) {
     const size_t block = (expert * N + gn) * BLOCKS + step;
@@ -140,6 +180,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 + wh)]) = hi;
 #endif
   };
+#endif
 #endif
 
   const int steps = K / BK;

@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 import ops.cuda as ops_cuda
 from ops.attention import attention, cache_positions
-from ops.cuda import GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, flash_decode_parts, latent_refusal, flash_prefill, flash_refusal, gemm_mma, gemm_mma_applies, \
-  gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, \
-  gemm_tile_rows, mma_refusal, multiprocessors, source
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, flash_decode_parts, flash_prefill, \
+  flash_refusal, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, \
+  latent_refusal, mma_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
 from quant.linear import QuantExperts, QuantLinear, gemm
 from quant.qtensor import QTensor
@@ -149,6 +149,18 @@ def test_a_chunks_matmul_under_mma_decodes_the_words_where_the_strategy_keeps_th
   assert programs("packed_words") == ["r_gemm_mma_q4_0_40x256x128"]
   assert programs("packed_dot") == ["r_gemm_mma_f16_40x256x128"]
 
+def test_a_chunks_matmul_under_mma_reads_q4_k_blocks_as_stored(rng: np.random.Generator):
+  """Q4_K has no words: under every strategy the GEMM reads its GGUF blocks itself, a weight's and an expert's."""
+  raw = random_blocks(T.Q4_K, (256, 512), rng)
+  for strategy in ("packed_words", "packed_dot"):
+    lin = QuantLinear(QTensor.from_bytes(raw, T.Q4_K, (256, 512)), strategy=strategy, prefill="half", gemm_kernel="mma")
+    assert [u.src[0].arg.name for u in lin(Tensor.empty(1, 40, 512)).uop.toposort() if u.op is Ops.PROGRAM] == ["r_gemm_mma_q4_k_40x256x512"]
+  experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_K, (4, 128, 256), rng), T.Q4_K, (4, 128, 256)), prefill="half", gemm_kernel="mma")
+  groups = ExpertGroups.of(Tensor(np.array([[0, 2], [1, 3], [2, 0]], np.int32)), 4, 32)
+  (name,) = [u.src[0].arg.name for u in experts.grouped(groups.rows(Tensor.empty(3, 256)), groups).uop.toposort() if u.op is Ops.PROGRAM]
+  assert name.startswith("r_gemm_mma_q4_k_grouped_") and name.endswith("x128x256")
+  assert not gemm_mma_blocks_applies(Tensor.empty(40, 512, dtype=dtypes.float16), "Q5_K", lin.weight.blocks)
+
 def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   from tinyzoo.cli import main
   assert mma_refusal("CPU") == "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
@@ -157,9 +169,10 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint gemm: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
 
 @nvcc
-@pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values()])
+@pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values(), *(w for w, _, _ in GEMM_BLOCK_TYPES.values())])
 @pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 64, False), (160, 96, 64, 32, True)])
 def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, weights: int):
+  if weights == GEMM_BLOCK_TYPES["Q4_K"][0]: k = -(-k // 256) * 256   # whole super-blocks
   (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
                      capture_output=True, text=True, timeout=300)
@@ -190,6 +203,16 @@ def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, 
   want, rounded = (a.astype(np.float64) @ wt.T for wt in (exact, exact.astype(np.float16).astype(np.float64)))
   scale = np.abs(want).max()
   assert got.shape == (m, n) and np.abs(got - rounded).max() <= 1e-5 * scale and np.abs(got - want).max() <= 1e-3 * scale
+
+@on_gpu
+@pytest.mark.parametrize("m, n, k", [(77, 300, 512), (512, 2048, 2048), (1, 256, 256)])
+def test_the_q4_k_blocks_gemm_against_float64(rng: np.random.Generator, m: int, n: int, k: int):
+  """Q4_K's super-blocks as stored against fp16 rows: gguf.quants' dequantization rounded to fp16, as the kernel's."""
+  raw = random_blocks(T.Q4_K, (n, k), rng)
+  a = rng.standard_normal((m, k)).astype(np.float16)
+  got = gemm_mma_blocks(Tensor(a), "Q4_K", QTensor.from_bytes(raw, T.Q4_K, (n, k)).blocks).numpy()
+  want = a.astype(np.float64) @ gguf_quants.dequantize(raw, T.Q4_K).reshape(n, k).astype(np.float16).astype(np.float64).T
+  assert got.shape == (m, n) and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 @on_gpu
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])

@@ -11,7 +11,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
-from ops.cuda import flash_decode, flash_decode_latent, flash_prefill, gemm_mma, gemm_mma_words
+from ops.cuda import flash_decode, flash_decode_latent, flash_prefill, gemm_mma, gemm_mma_blocks, gemm_mma_words
 from ops.routing import ExpertGroups
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -154,4 +154,17 @@ def test_the_grouped_words_gemm_on_the_cpu_reads_each_tiles_expert(rng: np.rando
   got = emulate(prg, [np.zeros((len(rows), n), np.float32), rows, w.words.numpy(), w.d.numpy(), tile_expert], (), tmp_path)
   weights = gguf_quants.dequantize(raw, T.Q4_0).reshape(n_experts, n, k).astype(np.float16).astype(np.float64)
   want = np.stack([rows[s].astype(np.float64) @ weights[tile_expert[s // tile]].T for s in range(len(rows))])
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+def test_the_q4_k_blocks_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator, tmp_path: Path):
+  """Q4_K's super-blocks read as GGUF stores them, each sub-block's 6-bit scale and min unpacked in the kernel: the blocks
+  gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
+  m, n, k = 77, 300, 512
+  raw = random_blocks(T.Q4_K, (n, k), rng)
+  blocks = QTensor.from_bytes(raw, T.Q4_K, (n, k)).blocks
+  a = rng.standard_normal((m, k)).astype(np.float16)
+  (prg,) = _programs(gemm_mma_blocks(Tensor.empty(m, k, dtype=dtypes.float16), "Q4_K", blocks))
+  got = emulate(prg, [np.zeros((m, n), np.float32), a, blocks.numpy()], (), tmp_path)
+  weights = gguf_quants.dequantize(raw, T.Q4_K).reshape(n, k).astype(np.float16).astype(np.float64)
+  want = a.astype(np.float64) @ weights.T
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
