@@ -51,7 +51,9 @@ def test_every_program_passes_tinygrads_tensor_spec(rng: np.random.Generator):
   kv, pos = Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16), UOp.variable("decode_pos", 0, 1023).bind(5)
   for out in (gemm_mma(x, Tensor.empty(300, 96, dtype=dtypes.float16)), gemm_mma_words(x, "Q4_0", w.words, w.d),
               flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)),
-              flash_prefill(Tensor.empty(1, 8, 100, 64), (kv,), pos, scale=0.125, window=50)):
+              flash_prefill(Tensor.empty(1, 8, 100, 64), (kv,), pos, scale=0.125, window=50),
+              flash_decode_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1, v_dim=512),
+              gemm_mma_blocks(x.pad(((0, 0), (0, 160))), "Q4_K", Tensor.empty(300, 1, 144, dtype=dtypes.uint8))):
     type_verify(out.uop.sink(), spec_tensor)
 
 def test_every_programs_arguments_are_its_buffers_then_its_variables():
@@ -59,7 +61,9 @@ def test_every_programs_arguments_are_its_buffers_then_its_variables():
   of several axes missing there shifted the decode position past the arguments, and the kernel read 0 or garbage."""
   kv, pos = Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16), UOp.variable("decode_pos", 0, 1023).bind(5)
   for out, buffers in ((flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)), (3, 3)),
-                       (flash_prefill(Tensor.empty(1, 8, 100, 64), (kv[0], kv[1]), pos, scale=0.125, window=50), (4,))):
+                       (flash_prefill(Tensor.empty(1, 8, 100, 64), (kv[0], kv[1]), pos, scale=0.125, window=50), (4,)),
+                       (flash_decode_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1,
+                                            v_dim=512), (3, 2))):
     for prg, n in zip(_programs(out), buffers):
       info = ProgramInfo.from_sink(prg.src[0])
       sig = [u.arg.slot for u in prg.src[1].src if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU] + [v.arg.slot for v in info.vars]
