@@ -79,6 +79,7 @@ static inline int lane() { return threadIdx.x & 31; }
 static inline int warp() { return threadIdx.x >> 5; }
 static inline void warp_meet() { warp_barriers[warp()]->wait(); }
 static inline void __syncthreads() { block_barrier->wait(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { warp_meet(); }
 
 // what a warp's lanes hand each other: each lane's value, then every lane reads the ones it needs
 static uint64_t handed[32][32][2];
