@@ -173,9 +173,10 @@ ATTENTION_TILE = 64   # prefill_attention.cu's query rows a block
 
 def flash_decode_parts(kv_heads: int, positions: int, sms: int | None) -> int:
   """Parts a decode step's positions split into: a power of two giving at least two blocks an SM over the kv heads (32
-  SMs assumed where the driver does not say), no more than the cache has tiles of 32 positions."""
+  SMs assumed where the driver does not say), no more than the cache has spans of 128 positions (a part's sums are
+  written and combined whatever it read)."""
   want = math.ceil(2 * (sms or 32) / kv_heads)
-  return max(1, min(1 << (want - 1).bit_length(), positions // 32))
+  return max(1, min(1 << (want - 1).bit_length(), positions // 128))
 
 def _cache(kv: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
   """A cache's keys and values, from its written buffers: (k, v), or one [2, 1, Hkv, L, D] holding both."""

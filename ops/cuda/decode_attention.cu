@@ -51,10 +51,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) CAT(NAME, _parts)(float* _
   __shared__ float wm[WARPS][G], wl[WARPS][G], wacc[WARPS][G][DV];
   const int kvh = blockIdx.y, part = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const half *K = KEYS(kvh), *V = VALUES(kvh);
-  for (int i = tid; i < G * D; i += THREADS) qs[i / D][i % D] = __half2float(__float2half(Q[(size_t)kvh * G * D + i]));
   const int n = start_pos + 1, lo = WINDOW && n > WINDOW ? n - WINDOW : 0;
   const int span = ((n - lo + PARTS - 1) / PARTS + 31) / 32 * 32;   // whole tiles of 32 positions a part
   const int first = lo + part * span, last = min(n, first + span);
+  if (first >= last) {   // a part past the position: only its max is written, the combine skips the rest
+    for (int g = tid; g < G; g += THREADS) P[((size_t)(kvh * G + g) * PARTS + part) * (DV + 2) + DV + 1] = NEG_INF;
+    return;
+  }
+  for (int i = tid; i < G * D; i += THREADS) qs[i / D][i % D] = __half2float(__float2half(Q[(size_t)kvh * G * D + i]));
   __syncthreads();
 
   // this lane's piece of the value rows (VL lanes a row, the lanes of one row group VR rows apart) and its sums of it

@@ -37,6 +37,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CAT(NAME, _parts)(float
   const int n = start_pos + 1;
   const int span = ((n + PARTS - 1) / PARTS + BC - 1) / BC * BC;   // whole tiles a part
   const int first = part * span, last = min(n, first + span);
+  if (first >= last) {   // a part past the position: only its max is written, the combine skips the rest
+    if (tid < HT && h0 + tid < H) P[((size_t)(h0 + tid) * PARTS + part) * (DV + 2) + DV + 1] = NEG_INF;
+    return;
+  }
 
   // the tile's q rows (zeros past H)
   for (int c = tid; c < HT * D / 8; c += THREADS) {

@@ -284,8 +284,9 @@ def test_flash_decoding_is_two_programs_reading_the_written_cache_and_the_steps_
 
 def test_flash_decoding_parts_fill_the_gpu_in_powers_of_two():
   assert flash_decode_parts(8, 16384, 132) == 64    # 33 a kv head for two blocks an SM, rounded up
-  assert flash_decode_parts(1, 16384, 132) == 512
-  assert flash_decode_parts(8, 128, 132) == 4       # no more parts than tiles of 32 positions
+  assert flash_decode_parts(1, 16384, 132) == 128   # no more parts than spans of 128 positions
+  assert flash_decode_parts(8, 1024, 132) == 8
+  assert flash_decode_parts(8, 100, 132) == 1
   assert flash_decode_parts(8, 16384, None) == 8
 
 @pytest.mark.parametrize("q, k, v, why", [
