@@ -18,7 +18,6 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.uop.ops import UOp
 from ops.cuda import CACHE_READERS, HAND_WRITTEN, hint_refusal
 from ops.kernels import count_kernels
-from models.blocks import kv_cache_dtype
 from models.config import ModelConfig
 from models.jit_cache import JitStore, cache_key, capture_sources, state_of
 from models.registry import architecture_of
@@ -28,7 +27,7 @@ from models.weights import Weights
 from ops import patches
 from ops.host_io import DeviceSlot
 from ops.sampling import READBACK, Sampler
-from profiles.hints import Hints, resolve
+from profiles.hints import Hints, flash_cache, resolve
 from quant.files import file_sha256
 from quant.gguf_file import GGUFFile
 from quant.matvec_opts import runtime_settings
@@ -73,9 +72,7 @@ class Runtime:
     for hint in HAND_WRITTEN:
       if (why := hint_refusal(hint, getattr(h, hint), device or Device.DEFAULT)) is not None: raise ValueError(f"hint {hint}: {why}")
     for hint in CACHE_READERS:
-      if getattr(h, hint) == HAND_WRITTEN[hint] and (kv_cache_dtype(h) != dtypes.float16 or h.kv_layout != "heads"):
-        raise ValueError(f"hint {hint}: flash reads an fp16 cache of heads (kv_cache half, kv_layout heads), not kv_cache {h.kv_cache}, "
-                         f"kv_layout {h.kv_layout}")
+      if getattr(h, hint) == HAND_WRITTEN[hint] and (why := flash_cache(h.values, h.sources)) is not None: raise ValueError(f"hint {hint}: {why}")
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))
     except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:

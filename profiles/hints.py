@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
-from ops.cuda import ATTENTIONS, GEMMS, MIN_CAPABILITY
+from ops.cuda import ATTENTIONS, CACHE_READERS, GEMMS, MIN_CAPABILITY
 from ops.attention import CHUNK, LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
@@ -98,12 +98,36 @@ def _split_on_gpus(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:
   return chunks, (f"{shapes.n_heads} heads of {shapes.kv_width} cache elements a position: parts of {chunks} chunks of {CHUNK} "
                   f"positions (about {SPLIT_PART_ELEMENTS:,} elements) spread a long context over the GPU's {sms}")
 
+def _tensor_core_gpu(m: Machine) -> bool:
+  """A CUDA GPU of compute capability 8.0 or later: mma.sync, ldmatrix and cp.async, which ops/cuda's kernels use."""
+  return m.compute_capability is not None and tuple(map(int, m.compute_capability.split("."))) >= MIN_CAPABILITY
+
 def _mma_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
   """gemm_mma on a CUDA GPU of compute capability 8.0 or later (mma.sync, ldmatrix, cp.async): it reads Q4_0, Q8_0 and
   MXFP4 words itself and stages its tiles in shared memory, where tinygrad's tensor-core GEMMs, of weights dequantized
   first, stage none (the gpu-kernels experiment measures both)."""
-  if m.compute_capability is None or tuple(map(int, m.compute_capability.split("."))) < MIN_CAPABILITY: return None
+  if not _tensor_core_gpu(m): return None
   return "mma", f"compute capability {m.compute_capability}: mma.sync tiles staged by cp.async (ops/cuda/gemm_mma.cu)"
+
+def _flash_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
+  """The flash attention kernels on such a GPU: each block reads a kv head's positions once for all its query heads and
+  keeps no score tensor in memory, where tinygrad's kernels of logits, softmax and value sums read the cache again for
+  each (the gpu-kernels and latent-decode experiments measure both). They read an fp16 cache of heads (`flash_cache`)."""
+  if not _tensor_core_gpu(m): return None
+  return "flash", f"compute capability {m.compute_capability}: one read of a kv head's cache for its query heads (ops/cuda)"
+
+def _half_cache_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
+  """An fp16 KV cache on such a GPU, as llama.cpp's default: the flash kernels read one, and it halves what attention reads."""
+  if not _tensor_core_gpu(m): return None
+  return "half", f"compute capability {m.compute_capability}: the flash attention kernels read an fp16 cache, half the bytes"
+
+def flash_cache(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> str | None:
+  """Why the cache these hint values make is not what the flash kernels read (fp16, a cache of heads), in one line; None
+  where it is."""
+  if values["kv_layout"] == "heads" and (values["kv_cache"] == "half" or values["rounding"] == "ggml"): return None
+  src = lambda n: f" ({sources[n]})" if sources else ""
+  return (f"flash reads an fp16 cache of heads (kv_cache half, kv_layout heads), not kv_cache {values['kv_cache']}{src('kv_cache')}, "
+          f"kv_layout {values['kv_layout']}{src('kv_layout')}")
 
 @dataclass(frozen=True)
 class Hint:
@@ -159,7 +183,8 @@ HINTS: dict[str, Hint] = {
                    "cache is allocated and read in whole parts; 0: one sum; by rule on a GPU, parts of about "
                    f"{SPLIT_PART_ELEMENTS:,} cache elements)", metavar="N", rule=_split_on_gpus),
   "kv_cache": _choice("float", ("float", "half"), "the KV cache's type: float32, or fp16 (half the bytes attention reads, as "
-                      "llama.cpp's default cache; q is rounded to half against it); ggml rounding makes it fp16 whatever this says"),
+                      "llama.cpp's default cache; q is rounded to half against it); ggml rounding makes it fp16 whatever this says; "
+                      "by rule half on a CUDA GPU of compute capability 8.0 and later", rule=_half_cache_on_tensor_core_gpus),
   "softmax": _choice("max", SOFTMAXES, "attention's softmax stabilizer in a decode step: the logits' max (a kernel of its own) or "
                      "each query's logit of its own key plus a margin (self: summed in the logits kernel, one kernel fewer a block; "
                      "exact unless a logit exceeds the query's own by about 130; not with a soft cap)"),
@@ -193,11 +218,14 @@ HINTS: dict[str, Hint] = {
                               "heads (kv_cache half, kv_layout heads): tinygrad's (attention, split_kv, softmax), or flash "
                               "(ops/cuda/decode_attention.cu: flash-decoding, the positions split into parts whose blocks each read "
                               "a kv head once for its query heads, then their combine; over a latent (MLA) cache decode_latent.cu, "
-                              "its heads the rows of mma.sync tiles; CUDA GPUs); another step, tinygrad's"),
+                              "its heads the rows of mma.sync tiles; CUDA GPUs); another step, tinygrad's; by rule flash on a CUDA "
+                              "GPU of compute capability 8.0 and later, unless a source above the rule makes the cache another",
+                              rule=_flash_on_tensor_core_gpus),
   "prefill_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a prompt chunk's attention over an fp16 cache of heads "
                                "(kv_cache half, kv_layout heads): tinygrad's (logits and value sums as GEMMs over the chunks read), "
                                "or flash (ops/cuda/prefill_attention.cu: one tiled kernel, online softmax, no score tensor in "
-                               "memory; heads of up to 128; CUDA GPUs); other heads, tinygrad's"),
+                               "memory; heads of up to 128; CUDA GPUs); other heads, tinygrad's; by rule as decode_attention",
+                               rule=_flash_on_tensor_core_gpus),
   "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
                   "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "
                   "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words decoded "
@@ -263,6 +291,10 @@ def resolve(runtime: dict[str, Any] | None = None, profile: dict[str, Any] | Non
       (value, reasons[name]), source = ruled, "heuristic"
     if source == "default": value = hint.default_value()
     values[name], sources[name] = check(name, value, source if source not in ("default", "heuristic") else "runtime"), source
+  # a flash kernel the rule chose yields to a cache it does not read, made by a source above the rule (a profile's kv_layout rows)
+  for name in CACHE_READERS:
+    if sources[name] == "heuristic" and (why := flash_cache(values, sources)) is not None:
+      values[name], reasons[name] = HINTS[name].default_value(), f"tinygrad's: {why}"
   return Hints(values, sources, dict(matvec_sizes or {}), profile_path, reasons)
 
 def parse(spec: str, where: str) -> dict[str, Any]:

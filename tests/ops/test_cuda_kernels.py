@@ -309,6 +309,15 @@ def test_the_decode_attention_hint_is_refused_off_a_cuda_gpu_and_off_an_fp16_cac
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint decode_attention: decode_attention flash runs on CUDA GPUs (tinygrad's CUDA " \
                                             "backend), not CPU"
 
+def test_a_flash_kernel_asked_for_over_a_cache_it_does_not_read_is_refused(monkeypatch: pytest.MonkeyPatch, capsys):
+  """Asked for by the user (or a profile), not left to tinygrad's as a rule's choice would be: each source named."""
+  from models import runtime
+  from tinyzoo.cli import main
+  monkeypatch.setattr(runtime, "hint_refusal", lambda hint, value, device: None)   # as on a GPU that runs it
+  assert main(["bench", "llama3.2-1b-tiny", "--decode-attention", "flash", "--kv-layout", "rows", "--no-journal", "--no-peer", "-r", "1"]) == 1
+  assert capsys.readouterr().err.strip() == "tinyzoo: error: hint decode_attention: flash reads an fp16 cache of heads (kv_cache half, " \
+                                            "kv_layout heads), not kv_cache float (default), kv_layout rows (runtime)"
+
 @nvcc
 @pytest.mark.parametrize("hkv, g, d, dv, window, softcap, sinks, joined, start", [
   (8, 2, 128, 128, 0, 0.0, 0, 1, None), (8, 8, 64, 64, 128, 30.0, 1, 1, None), (1, 4, 256, 256, 512, 0.0, 0, 1, 5),

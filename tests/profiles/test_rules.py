@@ -41,6 +41,25 @@ def test_a_tensor_core_gpu_takes_the_hand_written_gemm():
   assert "compute capability 9.0" in resolve(machine=H200, shapes=preset_shapes("llama3.2-1b")).reasons["gemm"]
   assert resolve(machine=Machine("CUDA", compute_capability="7.5")).gemm == resolve(machine=VNNI).gemm == resolve().gemm == "tinygrad"
 
+def test_a_tensor_core_gpu_takes_the_flash_attention_kernels_over_an_fp16_cache():
+  """decode_attention and prefill_attention flash and kv_cache half where mma.sync runs; a flash kernel the rule chose
+  gives way to a cache it does not read that a source above the rule made (a profile's rows, the user's float cache),
+  saying why; the shipped H200 profile keeps llama's cache of heads, gemma3's rows."""
+  h = resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b"))
+  assert (h.decode_attention, h.prefill_attention, h.kv_cache) == ("flash", "flash", "half")
+  assert {h.sources[n] for n in ("decode_attention", "prefill_attention", "kv_cache")} == {"heuristic"}
+  for above, why in (({"profile": {"kv_layout": "rows"}}, "kv_layout rows (profile)"), ({"runtime": {"kv_cache": "float"}}, "kv_cache float (runtime)")):
+    h = resolve(**above, machine=H200)
+    assert h.decode_attention == h.prefill_attention == "tinygrad" and h.sources["decode_attention"] == "heuristic"
+    assert h.reasons["decode_attention"].startswith("tinygrad's: flash reads an fp16 cache of heads") and why in h.reasons["prefill_attention"]
+  # chosen by a source above the rule, flash stays (the runtime refuses it over such a cache)
+  assert resolve({"decode_attention": "flash", "kv_layout": "rows"}, machine=H200).decode_attention == "flash"
+  for m in (Machine("CUDA", compute_capability="7.5"), VNNI, None):
+    h = resolve(machine=m)
+    assert (h.decode_attention, h.prefill_attention, h.kv_cache) == ("tinygrad", "tinygrad", "float")
+  shipped = device_profile("CUDA: NVIDIA H200", machine=H200)[0]["architectures"]
+  assert shipped["llama"]["kv_layout"] == "heads" and shipped["gemma3"]["kv_layout"] == "rows"
+
 def test_a_new_architecture_takes_the_value_of_an_old_one_of_the_same_shapes():
   """qwen3 has no entry in any profile: its split comes from its shapes alone, as llama's would at the same shapes; both
   tiny presets are split on a GPU, from their files' metadata, and neither on the CPU."""
