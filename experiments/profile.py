@@ -323,7 +323,28 @@ def _profile(path, name: str, cfg, repeats: int) -> tuple[str, list[KernelRow], 
   from experiments.journal import device_name
   rt = cfg.runtime(path, prompt_length(cfg.depth) + cfg.warmup + repeats + 8)
   rows, pos, note, _ = decode_rows(rt, cfg.depth, cfg.warmup, repeats)
-  return f"{name}: one decode step at position {pos} on {device_name()}, {cfg.describe()}", rows, note
+  return f"{name}: one decode step at position {pos} on {device_name()}, {cfg.describe()}", rows, note + attention_reads(rt, rows, pos)
+
+def cache_bytes(rt, pos: int) -> int:
+  """The bytes of keys and values a decode step at `pos` reads at the least: each layer's positions it attends to (up to
+  pos, or its window's), every kv head's key and value (or a latent row and its rope key) once, at the cache's type."""
+  from models.blocks import kv_cache_dtype
+  from profiles.machine import Shapes
+  shapes = Shapes.of(rt.gguf)
+  windows = [getattr(getattr(b.attn, "spec", None), "window", None) for b in rt.model.blocks if hasattr(b.attn, "cache")]
+  return sum(min(pos + 1, w or pos + 1) for w in windows) * (shapes.kv_width if shapes else 0) * kv_cache_dtype(rt.hints).itemsize
+
+def attention_reads(rt, rows: list[KernelRow], pos: int) -> str:
+  """A note on attention's reads of the KV cache: the summed own times of the kernels that read it against the bytes
+  `cache_bytes` says the step needs, and on a GPU a copy's bandwidth beside it (measured now: on a CPU it costs seconds
+  and attention there is bound by its arithmetic); nothing where a reader's time is a batch's share."""
+  from experiments.bench import copy_bandwidth
+  readers = [r for r in rows if any(x.endswith("_cache") for x in r.reads)]
+  if not readers or any(r.us is None or r.batched for r in readers) or not (nbytes := cache_bytes(rt, pos)): return ""
+  us = sum(r.us for r in readers)   # type: ignore[misc]
+  copy = "" if Device.canonicalize(rt.device).split(":")[0] == "CPU" else f", a copy on this device {copy_bandwidth(rt.device):.0f} GB/s"
+  return (f" Attention: the {len(readers)} kernels that read the KV cache took {us:.1f} us for the {nbytes / 1e6:.3g} MB of keys and "
+          f"values this position needs (each layer's positions once): {nbytes / us / 1e3:.0f} GB/s{copy}.")
 
 def decode_rows(rt, depth: int, warmup: int, repeats: int) -> tuple[list[KernelRow], int, str, float | None]:
   """Captures decode (and the greedy sampler) on `rt` after `depth` tokens of context and `warmup` steps, then times

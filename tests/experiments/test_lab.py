@@ -17,6 +17,7 @@ from experiments.profile import TOP, block_summary, findings_text as profile_tex
 from models.catalog import synthesized
 from models.synth import synthesize
 from ops import patches
+from quant.gguf_file import GGUFFile
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
@@ -41,6 +42,13 @@ def test_profile_accounts_for_every_kernel(tiny: Path):
   # the whole step beside the kernels' sum: what the host spends beyond them
   step = re.search(r"The whole step \(decode and sampler replayed back to back\) took ([0-9.]+) ms: (-?[0-9.]+) ms beyond the kernels' sum", note)
   assert step and float(step.group(1)) > 0 and abs(float(step.group(1)) - float(step.group(2)) - sum(r.us for r in rows) / 1e3) < 0.011, note
+  # attention's reads of the cache against what the position needs: every layer's keys and values up to it once (float32 here)
+  g, pos = GGUFFile(tiny), int(re.search(r"at position (\d+)", title).group(1))
+  meta = lambda key: g.get(f"{g.architecture}.{key}")
+  want = meta("block_count") * (pos + 1) * meta("attention.head_count_kv") * 2 * meta("embedding_length") // meta("attention.head_count") * 4
+  read = re.search(r"Attention: the (\d+) kernels that read the KV cache took ([0-9.]+) us for the ([0-9.e-]+) MB of keys and values", note)
+  assert read and int(read.group(1)) == sum(any(x.endswith("_cache") for x in r.reads) for r in rows) >= meta("block_count"), note
+  assert float(read.group(3)) == pytest.approx(want / 1e6, rel=1e-2) and "a copy on this device" not in note   # measured on GPUs only
   # the weights read per token: every matmul weight once, one row of the (untied) embedding table at most
   assert record["metrics"]["bytes_per_token"] > 0
   # a run whose JITs all come from the cache starts in a fraction of this one's compile and capture
@@ -173,7 +181,6 @@ def test_profile_ncu_reads_device_times(tiny: Path, tmp_path: Path):
 def test_bytes_per_token_count_only_the_experts_a_token_uses(tmp_path: Path):
   """A MoE token reads every dense matmul weight, k of the n experts and one embedding row (packed_dot reads the GGUF
   blocks as they are, so the file's tensor sizes are what it reads)."""
-  from quant.gguf_file import GGUFFile
   path = synthesize("mixtral-8x7b-tiny", tmp_path / "moe.gguf", quant="Q8_0")
   g = GGUFFile(path)
   used, n = g.require("llama.expert_used_count"), g.require("llama.expert_count")
