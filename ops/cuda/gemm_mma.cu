@@ -1,7 +1,8 @@
 // C[M, N] (float32) = A[M, K] . W[N, K]^T: a prompt chunk's rows (fp16, row-major) against a weight's rows read as they
 // are stored: fp16 (WEIGHTS 0), the word layout of a 32-element block format (quant/words.py: a block's quants as 32-bit
-// words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), or GGUF's Q4_K super-blocks as they are (WEIGHTS 4: 144 bytes
-// a 256 elements, 16-byte aligned: d, dmin and the 6-bit scales and mins in the first 16), dequantized to fp16 on their way into shared memory,
+// words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), or GGUF's super-blocks of 256 elements as they are (WEIGHTS 4:
+// Q4_K's 144 bytes, 16-byte aligned: d, dmin and the 6-bit scales and mins in the first 16; WEIGHTS 5: Q6_K's 210 bytes,
+// 2-byte aligned, read 16 bits at a time: the quants' low 4 bits, their high 2, 16 int8 scales, d), dequantized to fp16 on their way into shared memory,
 // so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a MoE's expert weights [experts, N, ...]
 // against a chunk's rows sorted into tiles of BM rows that share an expert (ops/routing.py ExpertGroups), E[tile] each
 // tile's expert: a block reads its tile's expert alone.
@@ -12,8 +13,8 @@
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
 // The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
-#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 4 || (WEIGHTS == 4 && K % 256)
-#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-4 (Q4_K: K a multiple of 256)"
+#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 5 || (WEIGHTS >= 4 && K % 256)
+#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-5 (super-blocks: K a multiple of 256)"
 #endif
 #define MI (BM / 32)      // a warp's 16-row fragments of A
 #define STAGES 3          // cp.async stages of A (and of fp16 W)
@@ -35,6 +36,16 @@ __device__ __forceinline__ unsigned decode2_min(unsigned w, int k, int shift, fl
   unsigned bits = (__byte_perm(w >> shift, 0, k == 0 ? 0x4140 : 0x4342) & 0x000F000Fu) | 0x64006400u;   // 1024 + q, exactly
   const float2 q = __half22float2(*reinterpret_cast<__half2*>(&bits));
   __half2 v = __floats2half2_rn((q.x - 1024.f) * sc - mn, (q.y - 1024.f) * sc - mn);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+#elif WEIGHTS == 5
+// two 6-bit quants of bytes k and k+1 of a word of low bits l (4 bits, `low` up in each byte) and of one of high bits h
+// (2 bits, `high` up), as a half2 of sc * (q - 32) (in float32, rounded once, as gguf's dequantization computes them)
+__device__ __forceinline__ unsigned decode2_q6(unsigned l, unsigned h, int k, int low, int high, float sc) {
+  const unsigned pick = k == 0 ? 0x4140 : 0x4342;
+  unsigned bits = ((__byte_perm(l, 0, pick) >> low) & 0x000F000Fu) | (((__byte_perm(h, 0, pick) >> high) & 0x00030003u) << 4) | 0x64006400u;
+  const float2 q = __half22float2(*reinterpret_cast<__half2*>(&bits));   // 1024 + q, exactly
+  __half2 v = __floats2half2_rn((q.x - 1056.f) * sc, (q.y - 1056.f) * sc);
   return *reinterpret_cast<unsigned*>(&v);
 }
 #elif WEIGHTS
@@ -66,6 +77,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
                                                          const half* __restrict__ W
 #elif WEIGHTS == 4
                                                          const uint4* __restrict__ Wb
+#elif WEIGHTS == 5
+                                                         const unsigned short* __restrict__ Wh
 #elif WEIGHTS == 3
                                                          const unsigned* __restrict__ Wq, const unsigned char* __restrict__ We
 #else
@@ -144,6 +157,33 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
                                 decode2_min(q.y, 2, shift, sc, mn));
     const uint4 hi = make_uint4(decode2_min(q.z, 0, shift, sc, mn), decode2_min(q.z, 2, shift, sc, mn), decode2_min(q.w, 0, shift, sc, mn),
                                 decode2_min(q.w, 2, shift, sc, mn));
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
+  };
+#elif WEIGHTS == 5
+  uint4 qh;       // and the high bits of its quants
+  float sc;       // and its 16 elements' scale (d times their int8 scale)
+  int low, high;  // and where its quants' bits are in their bytes
+  auto fetch = [&](int step) {
+    // step's 32 elements: group g = j % 4 of half j / 4 (j = step % 8) of super-block step / 8, this thread's 16 of them;
+    // a half's 64 bytes of low bits hold groups 0 and 1 in their low nibbles, 2 and 3 in their high ones, its 32 bytes
+    // of high bits all four, two bits each
+    const unsigned short* super = Wh + ((expert * N + gn) * (K / 256) + step / 8) * 105;
+    const int j = step & 7, upper = j >> 2, g = j & 3;   // upper: the super-block's second 128 elements
+    const unsigned short* l16 = super + (upper * 64 + (g & 1) * 32 + 16 * wh) / 2;
+    const unsigned short* h16 = super + (128 + upper * 32 + 16 * wh) / 2;
+    auto word = [](const unsigned short* p, int i) { return (unsigned)p[2 * i] | ((unsigned)p[2 * i + 1] << 16); };
+    q = make_uint4(word(l16, 0), word(l16, 1), word(l16, 2), word(l16, 3));
+    qh = make_uint4(word(h16, 0), word(h16, 1), word(h16, 2), word(h16, 3));
+    low = 4 * (g >> 1); high = 2 * g;
+    const int scale = (int)(signed char)(super[96 + (upper * 8 + wh + 2 * g) / 2] >> (8 * ((upper * 8 + wh + 2 * g) & 1)));
+    sc = __half2float(*reinterpret_cast<const half*>(super + 104)) * (float)scale;
+  };
+  auto decode = [&](int stage) {
+    const uint4 lo = make_uint4(decode2_q6(q.x, qh.x, 0, low, high, sc), decode2_q6(q.x, qh.x, 2, low, high, sc),
+                                decode2_q6(q.y, qh.y, 0, low, high, sc), decode2_q6(q.y, qh.y, 2, low, high, sc));
+    const uint4 hi = make_uint4(decode2_q6(q.z, qh.z, 0, low, high, sc), decode2_q6(q.z, qh.z, 2, low, high, sc),
+                                decode2_q6(q.w, qh.w, 0, low, high, sc), decode2_q6(q.w, qh.w, 2, low, high, sc));
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
     *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
   };

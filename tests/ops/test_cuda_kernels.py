@@ -153,12 +153,13 @@ def test_a_chunks_matmul_under_mma_decodes_the_words_where_the_strategy_keeps_th
   assert programs("packed_words") == ["r_gemm_mma_q4_0_40x256x128"]
   assert programs("packed_dot") == ["r_gemm_mma_f16_40x256x128"]
 
-def test_a_chunks_matmul_under_mma_reads_q4_k_blocks_as_stored(rng: np.random.Generator):
-  """Q4_K has no words: under every strategy the GEMM reads its GGUF blocks itself, a weight's and an expert's."""
-  raw = random_blocks(T.Q4_K, (256, 512), rng)
-  for strategy in ("packed_words", "packed_dot"):
-    lin = QuantLinear(QTensor.from_bytes(raw, T.Q4_K, (256, 512)), strategy=strategy, prefill="half", gemm_kernel="mma")
-    assert [u.src[0].arg.name for u in lin(Tensor.empty(1, 40, 512)).uop.toposort() if u.op is Ops.PROGRAM] == ["r_gemm_mma_q4_k_40x256x512"]
+def test_a_chunks_matmul_under_mma_reads_q4_k_and_q6_k_blocks_as_stored(rng: np.random.Generator):
+  """Q4_K and Q6_K have no words: under every strategy the GEMM reads their GGUF blocks itself, a weight's and an expert's."""
+  for ggml_type, strategy in ((T.Q4_K, "packed_words"), (T.Q4_K, "packed_dot"), (T.Q6_K, "packed_words"), (T.Q6_K, "packed_dot")):
+    lin = QuantLinear(QTensor.from_bytes(random_blocks(ggml_type, (256, 512), rng), ggml_type, (256, 512)), strategy=strategy, prefill="half",
+                      gemm_kernel="mma")
+    names = [u.src[0].arg.name for u in lin(Tensor.empty(1, 40, 512)).uop.toposort() if u.op is Ops.PROGRAM]
+    assert names == [f"r_gemm_mma_{ggml_type.name.lower()}_40x256x512"], (ggml_type, strategy)
   experts = QuantExperts(QTensor.from_bytes(random_blocks(T.Q4_K, (4, 128, 256), rng), T.Q4_K, (4, 128, 256)), prefill="half", gemm_kernel="mma")
   groups = ExpertGroups.of(Tensor(np.array([[0, 2], [1, 3], [2, 0]], np.int32)), 4, 32)
   (name,) = [u.src[0].arg.name for u in experts.grouped(groups.rows(Tensor.empty(3, 256)), groups).uop.toposort() if u.op is Ops.PROGRAM]
@@ -176,7 +177,7 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
 @pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values(), *(w for w, _, _ in GEMM_BLOCK_TYPES.values())])
 @pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 64, False), (160, 96, 64, 32, True)])
 def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, weights: int):
-  if weights == GEMM_BLOCK_TYPES["Q4_K"][0]: k = -(-k // 256) * 256   # whole super-blocks
+  if weights in (w for w, _, _ in GEMM_BLOCK_TYPES.values()): k = -(-k // 256) * 256   # whole super-blocks
   (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
                      capture_output=True, text=True, timeout=300)
@@ -209,13 +210,14 @@ def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, 
   assert got.shape == (m, n) and np.abs(got - rounded).max() <= 1e-5 * scale and np.abs(got - want).max() <= 1e-3 * scale
 
 @on_gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
 @pytest.mark.parametrize("m, n, k", [(77, 300, 512), (512, 2048, 2048), (1, 256, 256)])
-def test_the_q4_k_blocks_gemm_against_float64(rng: np.random.Generator, m: int, n: int, k: int):
-  """Q4_K's super-blocks as stored against fp16 rows: gguf.quants' dequantization rounded to fp16, as the kernel's."""
-  raw = random_blocks(T.Q4_K, (n, k), rng)
+def test_the_blocks_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
+  """Super-blocks as stored against fp16 rows: gguf.quants' dequantization rounded to fp16, as the kernel's."""
+  raw = random_blocks(ggml_type, (n, k), rng)
   a = rng.standard_normal((m, k)).astype(np.float16)
-  got = gemm_mma_blocks(Tensor(a), "Q4_K", QTensor.from_bytes(raw, T.Q4_K, (n, k)).blocks).numpy()
-  want = a.astype(np.float64) @ gguf_quants.dequantize(raw, T.Q4_K).reshape(n, k).astype(np.float16).astype(np.float64).T
+  got = gemm_mma_blocks(Tensor(a), ggml_type.name, QTensor.from_bytes(raw, ggml_type, (n, k)).blocks).numpy()
+  want = a.astype(np.float64) @ gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float16).astype(np.float64).T
   assert got.shape == (m, n) and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 @on_gpu

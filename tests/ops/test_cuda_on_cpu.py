@@ -156,15 +156,16 @@ def test_the_grouped_words_gemm_on_the_cpu_reads_each_tiles_expert(rng: np.rando
   want = np.stack([rows[s].astype(np.float64) @ weights[tile_expert[s // tile]].T for s in range(len(rows))])
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
-def test_the_q4_k_blocks_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator, tmp_path: Path):
-  """Q4_K's super-blocks read as GGUF stores them, each sub-block's 6-bit scale and min unpacked in the kernel: the blocks
-  gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
+def test_the_blocks_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator, tmp_path: Path, ggml_type: T):
+  """Super-blocks read as GGUF stores them (Q4_K's 6-bit scales and mins, Q6_K's 2-byte aligned quants and int8 scales)
+  unpacked in the kernel: the blocks gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
   m, n, k = 77, 300, 512
-  raw = random_blocks(T.Q4_K, (n, k), rng)
-  blocks = QTensor.from_bytes(raw, T.Q4_K, (n, k)).blocks
+  raw = random_blocks(ggml_type, (n, k), rng)
+  blocks = QTensor.from_bytes(raw, ggml_type, (n, k)).blocks
   a = rng.standard_normal((m, k)).astype(np.float16)
-  (prg,) = _programs(gemm_mma_blocks(Tensor.empty(m, k, dtype=dtypes.float16), "Q4_K", blocks))
+  (prg,) = _programs(gemm_mma_blocks(Tensor.empty(m, k, dtype=dtypes.float16), ggml_type.name, blocks))
   got = emulate(prg, [np.zeros((m, n), np.float32), a, blocks.numpy()], (), tmp_path)
-  weights = gguf_quants.dequantize(raw, T.Q4_K).reshape(n, k).astype(np.float16).astype(np.float64)
+  weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float16).astype(np.float64)
   want = a.astype(np.float64) @ weights.T
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
