@@ -1,8 +1,8 @@
 """`tinyzoo gemm MODEL`: every GEMM shape of a prompt chunk of the model (each matmul's type, rows and columns, once,
 its weights joined as the model joins them: q, k and v, gate and up), under each GEMM kernel of the `gemm` hint this
 device runs, in JIT steady state as prefill runs it, the weights read as the model's strategy keeps them: tinygrad's
-GEMM and mma's of fp16 weights take them dequantized first, mma decodes the words of Q4_0, Q8_0 and MXFP4 and Q4_K's and Q6_K's
-blocks itself; TFLOP/s count the dequantization in. A MoE's expert weights are timed in the grouped form a chunk's experts take
+GEMM and mma's of fp16 weights take them dequantized first, mma decodes the words of Q4_0, Q8_0 and MXFP4 and the blocks
+of Q4_K, Q6_K and Q5_0 itself; TFLOP/s count the dequantization in. A MoE's expert weights are timed in the grouped form a chunk's experts take
 (ops/routing.py ExpertGroups: the chunk's choices of a random routing sorted into tiles of one expert each, every tile
 reading its expert once); their TFLOP/s count the chosen rows' products, not the tiles' padding. Beside the dense ones
 cuBLAS's fp16 GEMM on the same dequantized weights through torch, where torch sees a CUDA GPU, in the same run; and

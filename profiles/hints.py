@@ -104,8 +104,8 @@ def _tensor_core_gpu(m: Machine) -> bool:
 
 def _mma_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
   """gemm_mma on a CUDA GPU of compute capability 8.0 or later (mma.sync, ldmatrix, cp.async): it reads Q4_0, Q8_0 and
-  MXFP4 words and Q4_K and Q6_K blocks itself and stages its tiles in shared memory, where tinygrad's tensor-core GEMMs, of weights dequantized
-  first, stage none (the gpu-kernels experiment measures both)."""
+  MXFP4 words and Q4_K, Q6_K and Q5_0 blocks itself and stages its tiles in shared memory, where tinygrad's tensor-core
+  GEMMs, of weights dequantized first, stage none (the gpu-kernels experiment measures both)."""
   if not _tensor_core_gpu(m): return None
   return "mma", f"compute capability {m.compute_capability}: mma.sync tiles staged by cp.async (ops/cuda/gemm_mma.cu)"
 
@@ -228,9 +228,9 @@ HINTS: dict[str, Hint] = {
                                rule=_flash_on_tensor_core_gpus),
   "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
                   "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "
-                  "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words and Q4_K "
-                  "and Q6_K blocks decoded on their way in, other types dequantized to fp16 first; CUDA GPUs of compute capability 8.0 and later; a GEMM it "
-                  "does not take, tinygrad's; by rule mma on such a GPU)", rule=_mma_on_tensor_core_gpus),
+                  "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words and Q4_K, "
+                  "Q6_K and Q5_0 blocks decoded on their way in, other types dequantized to fp16 first; CUDA GPUs of compute "
+                  "capability 8.0 and later; a GEMM it does not take, tinygrad's; by rule mma on such a GPU)", rule=_mma_on_tensor_core_gpus),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

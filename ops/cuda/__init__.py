@@ -85,7 +85,7 @@ GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
 # the packed weights gemm_mma reads as they are stored: GGML type name -> its WEIGHTS in gemm_mma.cu (0 is fp16
 # weights), in quant/words.py's word layout, or GGUF's own blocks (type name -> its WEIGHTS, elements and bytes a block)
 GEMM_WORD_TYPES = {"Q4_0": 1, "Q8_0": 2, "MXFP4": 3}
-GEMM_BLOCK_TYPES = {"Q4_K": (4, 256, 144), "Q6_K": (5, 256, 210)}
+GEMM_BLOCK_TYPES = {"Q4_K": (4, 256, 144), "Q6_K": (5, 256, 210), "Q5_0": (6, 32, 22)}
 
 def _fixed(*ts: Tensor) -> bool: return all(isinstance(s, int) for t in ts for s in t.shape)
 
@@ -159,7 +159,7 @@ def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expe
 
 def gemm_mma_blocks(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> Tensor:
   """a [M, K] (fp16) @ W.T -> [M, N] float32, W one matrix of GGUF blocks as stored (QTensor.blocks, uint8 [N, K /
-  elements, bytes]: Q4_K, Q6_K), decoded inside the GEMM; with tile_expert [tiles] a MoE's experts, as gemm_mma_words."""
+  elements, bytes]: Q4_K, Q6_K, Q5_0), decoded inside the GEMM; with tile_expert [tiles] a MoE's experts, as gemm_mma_words."""
   if not gemm_mma_blocks_applies(a, ggml_type, blocks, tile_expert):
     raise KernelRefused(f"gemm mma reads the blocks of {', '.join(GEMM_BLOCK_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {blocks.shape}, {a.shape} {a.dtype}")

@@ -2,10 +2,11 @@
 // are stored: fp16 (WEIGHTS 0), the word layout of a 32-element block format (quant/words.py: a block's quants as 32-bit
 // words, its scale apart; WEIGHTS 1 Q4_0, 2 Q8_0, 3 MXFP4), or GGUF's super-blocks of 256 elements as they are (WEIGHTS 4:
 // Q4_K's 144 bytes, 16-byte aligned: d, dmin and the 6-bit scales and mins in the first 16; WEIGHTS 5: Q6_K's 210 bytes,
-// 2-byte aligned, read 16 bits at a time: the quants' low 4 bits, their high 2, 16 int8 scales, d), dequantized to fp16 on their way into shared memory,
-// so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a MoE's expert weights [experts, N, ...]
-// against a chunk's rows sorted into tiles of BM rows that share an expert (ops/routing.py ExpertGroups), E[tile] each
-// tile's expert: a block reads its tile's expert alone.
+// 2-byte aligned, read 16 bits at a time: the quants' low 4 bits, their high 2, 16 int8 scales, d), or Q5_0's blocks as
+// they are (WEIGHTS 6: 22 bytes a 32 elements, 2-byte aligned: d, the quants' fifth bits, their low 4), dequantized to
+// fp16 on their way into shared memory, so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a
+// MoE's expert weights [experts, N, ...] against a chunk's rows sorted into tiles of BM rows that share an expert
+// (ops/routing.py ExpertGroups), E[tile] each tile's expert: a block reads its tile's expert alone.
 // A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle; grouped, the
 // expert tile's 32, 64 or 128), eight warps of
 // BM/2 x 32 each, over K in steps of 32 (one quant block): A's tiles (and fp16 W's) copied to shared memory by cp.async
@@ -13,8 +14,8 @@
 // ahead; read by ldmatrix and multiplied by mma.sync m16n8k16 with float32 sums. Rows of A or W past M or N are read as
 // zeros (or a repeat of the last row) and their outputs not stored; K is a multiple of 32.
 // The host defines NAME, M, N, K, WEIGHTS, GROUPED and the tiling this code is written for (BM, BN, BK, THREADS), which it checks.
-#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 5 || (WEIGHTS >= 4 && K % 256)
-#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-5 (super-blocks: K a multiple of 256)"
+#if (BM != 128 && BM != 64 && BM != 32) || BN != 128 || BK != 32 || THREADS != 256 || WEIGHTS < 0 || WEIGHTS > 6 || ((WEIGHTS == 4 || WEIGHTS == 5) && K % 256)
+#error "gemm_mma.cu is written for tiles of 128, 64 or 32 x 128, K steps of 32, 256 threads and weights 0-6 (super-blocks: K a multiple of 256)"
 #endif
 #define MI (BM / 32)      // a warp's 16-row fragments of A
 #define STAGES 3          // cp.async stages of A (and of fp16 W)
@@ -38,16 +39,25 @@ __device__ __forceinline__ unsigned decode2_min(unsigned w, int k, int shift, fl
   __half2 v = __floats2half2_rn((q.x - 1024.f) * sc - mn, (q.y - 1024.f) * sc - mn);
   return *reinterpret_cast<unsigned*>(&v);
 }
-#elif WEIGHTS == 5
-// two 6-bit quants of bytes k and k+1 of a word of low bits l (4 bits, `low` up in each byte) and of one of high bits h
-// (2 bits, `high` up), as a half2 of sc * (q - 32) (in float32, rounded once, as gguf's dequantization computes them)
-__device__ __forceinline__ unsigned decode2_q6(unsigned l, unsigned h, int k, int low, int high, float sc) {
-  const unsigned pick = k == 0 ? 0x4140 : 0x4342;
-  unsigned bits = ((__byte_perm(l, 0, pick) >> low) & 0x000F000Fu) | (((__byte_perm(h, 0, pick) >> high) & 0x00030003u) << 4) | 0x64006400u;
+#elif WEIGHTS >= 5
+// two quants of bytes k and k+1 of a word of low bits l (4 bits, `low` up in each byte), their high bits `hi` in place
+// (bits 4 and 5 of each 16-bit lane), as a half2 of sc * (q - zero) (in float32, rounded once, as gguf's dequantization
+// computes them)
+__device__ __forceinline__ unsigned decode2_high(unsigned l, int k, int low, unsigned hi, float sc, float zero) {
+  unsigned bits = ((__byte_perm(l, 0, k == 0 ? 0x4140 : 0x4342) >> low) & 0x000F000Fu) | hi | 0x64006400u;
   const float2 q = __half22float2(*reinterpret_cast<__half2*>(&bits));   // 1024 + q, exactly
-  __half2 v = __floats2half2_rn((q.x - 1056.f) * sc, (q.y - 1056.f) * sc);
+  __half2 v = __floats2half2_rn((q.x - 1024.f - zero) * sc, (q.y - 1024.f - zero) * sc);
   return *reinterpret_cast<unsigned*>(&v);
 }
+#if WEIGHTS == 5
+// Q6_K: the high bits of bytes k and k+1 of a word h of them, 2 bits `high` up in each byte
+__device__ __forceinline__ unsigned high2(unsigned h, int k, int high) {
+  return ((__byte_perm(h, 0, k == 0 ? 0x4140 : 0x4342) >> high) & 0x00030003u) << 4;
+}
+#else
+// Q5_0: the fifth bits of quants i and i + 1, bits i and i + 1 of h
+__device__ __forceinline__ unsigned high1(unsigned h, int i) { return ((h >> i) & 1u) << 4 | ((h >> (i + 1)) & 1u) << 20; }
+#endif
 #elif WEIGHTS
 // two quants of a word's bytes k and k+1 (k = 0 or 2), `shift` bits up in each byte and 4 or 8 bits wide, as a half2
 // of their values before the block's scale; `scale`: the block's, as a half2
@@ -77,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
                                                          const half* __restrict__ W
 #elif WEIGHTS == 4
                                                          const uint4* __restrict__ Wb
-#elif WEIGHTS == 5
+#elif WEIGHTS >= 5
                                                          const unsigned short* __restrict__ Wh
 #elif WEIGHTS == 3
                                                          const unsigned* __restrict__ Wq, const unsigned char* __restrict__ We
@@ -180,12 +190,32 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
     sc = __half2float(*reinterpret_cast<const half*>(super + 104)) * (float)scale;
   };
   auto decode = [&](int stage) {
-    const uint4 lo = make_uint4(decode2_q6(q.x, qh.x, 0, low, high, sc), decode2_q6(q.x, qh.x, 2, low, high, sc),
-                                decode2_q6(q.y, qh.y, 0, low, high, sc), decode2_q6(q.y, qh.y, 2, low, high, sc));
-    const uint4 hi = make_uint4(decode2_q6(q.z, qh.z, 0, low, high, sc), decode2_q6(q.z, qh.z, 2, low, high, sc),
-                                decode2_q6(q.w, qh.w, 0, low, high, sc), decode2_q6(q.w, qh.w, 2, low, high, sc));
-    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = lo;
-    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = hi;
+    const unsigned w[4] = {q.x, q.y, q.z, q.w}, h[4] = {qh.x, qh.y, qh.z, qh.w};
+    unsigned v[8];
+    #pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = decode2_high(w[i / 2], 2 * (i & 1), low, high2(h[i / 2], 2 * (i & 1), high), sc, 32.f);
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = make_uint4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = make_uint4(v[4], v[5], v[6], v[7]);
+  };
+#elif WEIGHTS == 6
+  unsigned qh;    // and the fifth bits of its quants
+  float sc;       // and its block's scale
+  auto fetch = [&](int step) {
+    // step's 32 elements: block `step` of the row (d, 4 bytes of fifth bits, 16 of low nibbles: elements 0-15 in the
+    // low ones, 16-31 in the high), this thread's 16 of them
+    const unsigned short* block = Wh + ((expert * N + gn) * BLOCKS + step) * 11;
+    q = make_uint4((unsigned)block[3] | (unsigned)block[4] << 16, (unsigned)block[5] | (unsigned)block[6] << 16,
+                   (unsigned)block[7] | (unsigned)block[8] << 16, (unsigned)block[9] | (unsigned)block[10] << 16);
+    qh = block[1 + wh];
+    sc = __half2float(*reinterpret_cast<const half*>(block));
+  };
+  auto decode = [&](int stage) {
+    const unsigned w[4] = {q.x, q.y, q.z, q.w};
+    unsigned v[8];
+    #pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = decode2_high(w[i / 2], 2 * (i & 1), 4 * wh, high1(qh, 2 * i), sc, 16.f);
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh)]) = make_uint4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<uint4*>(&Bs[stage][at(wr, 2 * wh + 1)]) = make_uint4(v[4], v[5], v[6], v[7]);
   };
 #else
   __half2 scale;  // and its block's scale

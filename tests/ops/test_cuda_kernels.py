@@ -1,6 +1,7 @@
 """Hand-written CUDA kernels (ops/cuda): on the CPU their host side (launch sizes, what the scheduler is told they read
 and write, the shapes they take and refuse, the `gemm` hint refused off a CUDA GPU) and, where nvcc is installed, their
 sources compile for sm_90; on a CUDA GPU each one against float64 numpy at sizes that are no multiples of its tile."""
+import itertools
 import re
 import shutil
 import subprocess
@@ -153,9 +154,9 @@ def test_a_chunks_matmul_under_mma_decodes_the_words_where_the_strategy_keeps_th
   assert programs("packed_words") == ["r_gemm_mma_q4_0_40x256x128"]
   assert programs("packed_dot") == ["r_gemm_mma_f16_40x256x128"]
 
-def test_a_chunks_matmul_under_mma_reads_q4_k_and_q6_k_blocks_as_stored(rng: np.random.Generator):
-  """Q4_K and Q6_K have no words: under every strategy the GEMM reads their GGUF blocks itself, a weight's and an expert's."""
-  for ggml_type, strategy in ((T.Q4_K, "packed_words"), (T.Q4_K, "packed_dot"), (T.Q6_K, "packed_words"), (T.Q6_K, "packed_dot")):
+def test_a_chunks_matmul_under_mma_reads_q4_k_q6_k_and_q5_0_blocks_as_stored(rng: np.random.Generator):
+  """Q4_K, Q6_K and Q5_0 have no words: under every strategy the GEMM reads their GGUF blocks itself, a weight's and an expert's."""
+  for ggml_type, strategy in itertools.product((T.Q4_K, T.Q6_K, T.Q5_0), ("packed_words", "packed_dot")):
     lin = QuantLinear(QTensor.from_bytes(random_blocks(ggml_type, (256, 512), rng), ggml_type, (256, 512)), strategy=strategy, prefill="half",
                       gemm_kernel="mma")
     names = [u.src[0].arg.name for u in lin(Tensor.empty(1, 40, 512)).uop.toposort() if u.op is Ops.PROGRAM]
@@ -210,7 +211,7 @@ def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, 
   assert got.shape == (m, n) and np.abs(got - rounded).max() <= 1e-5 * scale and np.abs(got - want).max() <= 1e-3 * scale
 
 @on_gpu
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q5_0])
 @pytest.mark.parametrize("m, n, k", [(77, 300, 512), (512, 2048, 2048), (1, 256, 256)])
 def test_the_blocks_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
   """Super-blocks as stored against fp16 rows: gguf.quants' dequantization rounded to fp16, as the kernel's."""

@@ -156,10 +156,10 @@ def test_the_grouped_words_gemm_on_the_cpu_reads_each_tiles_expert(rng: np.rando
   want = np.stack([rows[s].astype(np.float64) @ weights[tile_expert[s // tile]].T for s in range(len(rows))])
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q5_0])
 def test_the_blocks_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator, tmp_path: Path, ggml_type: T):
-  """Super-blocks read as GGUF stores them (Q4_K's 6-bit scales and mins, Q6_K's 2-byte aligned quants and int8 scales)
-  unpacked in the kernel: the blocks gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
+  """Blocks read as GGUF stores them (Q4_K's 6-bit scales and mins, Q6_K's and Q5_0's 2-byte aligned quants, Q6_K's int8
+  scales) unpacked in the kernel: the blocks gguf.quants dequantizes, rounded to fp16 as the kernel's are."""
   m, n, k = 77, 300, 512
   raw = random_blocks(ggml_type, (n, k), rng)
   blocks = QTensor.from_bytes(raw, ggml_type, (n, k)).blocks
