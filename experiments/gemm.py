@@ -19,7 +19,7 @@ from tinygrad import Device, Tensor, dtypes
 from experiments import journal
 from experiments.steady import steady_state
 from ops import patches
-from ops.cuda import GEMM_BLOCK_TYPES, GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, mma_refusal
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_K_STEP, GEMM_WORD_TYPES, GEMMS, hint_refusal
 from quant.formats import FORMATS
 from quant.gguf_file import GGUFFile, TensorInfo
 from quant.qtensor import QTensor, concat_rows
@@ -82,7 +82,7 @@ def _load(g: GGUFFile, shape: GemmShape) -> QTensor:
 def kernels_here(asked: list[str] | None) -> tuple[list[str], list[str]]:
   """The GEMM kernels to time and a line for each left out: every one this device runs, or the `asked` ones, of which
   one this device cannot run is refused (ValueError)."""
-  refusals = {k: mma_refusal(Device.DEFAULT) if k == "mma" else None for k in GEMMS}
+  refusals = {k: hint_refusal("gemm", k, Device.DEFAULT) for k in GEMMS}
   if asked is not None:
     if bad := [k for k in asked if k not in GEMMS]: raise ValueError(f"unknown GEMM kernel {bad[0]!r} (choose from {', '.join(GEMMS)})")
     if (why := next((refusals[k] for k in asked if refusals[k]), None)) is not None: raise ValueError(why)
@@ -137,10 +137,11 @@ def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy
 
 def kernels_of(shape: GemmShape, kernels: list[str]) -> list[str]:
   """The kernels that take a shape's GEMM: tinygrad's alone for F32 weights (a GEMM of float32 inputs: MoE routers), sums
-  not a whole number of mma's K steps and expert weights of a type whose words or blocks mma does not read."""
+  not a whole number of mma's K steps and expert weights of a type whose words or blocks mma does not read; mma_int8
+  only for the types whose words it reads."""
   if shape.ggml_type == "F32" or shape.k % GEMM_K_STEP or (shape.experts and shape.ggml_type not in {**GEMM_WORD_TYPES, **GEMM_BLOCK_TYPES}):
     return [k for k in kernels if k == "tinygrad"]
-  return kernels
+  return [k for k in kernels if k != "mma_int8" or shape.ggml_type in GEMM_INT8_TYPES]   # mma_int8 is mma's GEMM for the rest
 
 def bench_gemms(path: os.PathLike, name: str, rows: int, kernels: list[str], iters: int, seed: int | None = None):
   """Yields a journal record for each GEMM shape of the model and each kernel that takes it (`gemm_shapes`,

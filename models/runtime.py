@@ -72,7 +72,7 @@ class Runtime:
     for hint in HAND_WRITTEN:
       if (why := hint_refusal(hint, getattr(h, hint), device or Device.DEFAULT)) is not None: raise ValueError(f"hint {hint}: {why}")
     for hint in CACHE_READERS:
-      if getattr(h, hint) == HAND_WRITTEN[hint] and (why := flash_cache(h.values, h.sources)) is not None: raise ValueError(f"hint {hint}: {why}")
+      if getattr(h, hint) == "flash" and (why := flash_cache(h.values, h.sources)) is not None: raise ValueError(f"hint {hint}: {why}")
     try: spec = by_name(arch.tensors(self.cfg, self.gguf))
     except ValueError as e: raise self.gguf.fail(str(e)) from None   # what the metadata lacks for the file's tensors
     with self.kernels:

@@ -230,7 +230,9 @@ HINTS: dict[str, Hint] = {
                   "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "
                   "shared-memory tiles copied by cp.async, read by ldmatrix into mma.sync, Q4_0, Q8_0 and MXFP4 words and Q4_K, "
                   "Q6_K and Q5_0 blocks decoded on their way in, other types dequantized to fp16 first; CUDA GPUs of compute "
-                  "capability 8.0 and later; a GEMM it does not take, tinygrad's; by rule mma on such a GPU)", rule=_mma_on_tensor_core_gpus),
+                  "capability 8.0 and later; a GEMM it does not take, tinygrad's; by rule mma on such a GPU), or mma_int8 (as "
+                  "llama.cpp's MMQ: the rows quantized to 8 bits once, their products with Q4_0's and Q8_0's words in integers "
+                  "by ops/cuda/gemm_int8.cu; other GEMMs as mma)", rule=_mma_on_tensor_core_gpus),
   "tensor_cores": Hint(True, _bool, "tinygrad's tensor-core kernels for matmuls of half inputs (off: its TC=0)"),
   "row_upcast": Hint(DEFAULT_ROW_UPCAST, _row_upcast, "CPU matvec rows computed at once, the reduce unrolled by 4 (0: tinygrad's "
                      "heuristic for every kernel, GPU ones too)", metavar="N"),

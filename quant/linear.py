@@ -19,7 +19,8 @@ from math import prod
 from gguf import GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DTypeLike
-from ops.cuda import GEMMS, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, gemm_mma_words, gemm_mma_words_applies
+from ops.cuda import GEMM_INT8_TYPES, GEMMS, gemm_int8_words, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, \
+  gemm_mma_words, gemm_mma_words_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
 from quant.activations import ROUNDINGS, realized_rounding, round_activations
@@ -99,7 +100,7 @@ def gemm(w: Tensor, x: Tensor, dtype: DTypeLike, upcast: bool = True, kernel: st
   rows = x.reshape(-1, *lead, x.shape[-1])
   rows = rows.permute(*range(1, len(lead) + 1), 0, len(lead) + 1)   # [*lead, rows, in]
   a, b = rows.cast(dtype).contiguous(), w.cast(dtype).contiguous()
-  if kernel == "mma" and not lead and upcast and gemm_mma_applies(a, b): return gemm_mma(a, b).reshape(*x.shape[:-1], w.shape[-2])
+  if kernel != "tinygrad" and not lead and upcast and gemm_mma_applies(a, b): return gemm_mma(a, b).reshape(*x.shape[:-1], w.shape[-2])
   y = a.matmul(b.transpose(-1, -2), dtype=dtypes.float32 if upcast else None)
   if lead: y = y.contiguous()
   return y.permute(len(lead), *range(len(lead)), len(lead) + 1).reshape(*x.shape[:-1], w.shape[-2])
@@ -160,14 +161,15 @@ class _PackedWeight:
 
   def _packed_gemm(self, x: Tensor, tile_expert: Tensor | None = None) -> Tensor | None:
     """The GEMM of gemm mma decoding the packed weights as it loads them, with no pass of its own writing them out in fp16:
-    their words (ops/cuda gemm_mma_words) or, for a type kept as GGUF's blocks, the blocks (gemm_mma_blocks); one
+    their words (ops/cuda gemm_mma_words; under mma_int8 the words' integer products with the rows quantized to 8 bits,
+    gemm_int8_words, where it reads their type) or, for a type kept as GGUF's blocks, the blocks (gemm_mma_blocks); one
     matrix's, or with tile_expert (ExpertGroups) each tile's expert's. None where it does not take this weight (another
     kernel or format, several matrices, a sum rounded to half, a tile it is not written for)."""
-    if self.gemm_kernel != "mma" or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
+    if self.gemm_kernel == "tinygrad" or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
     a, t = x.reshape(-1, x.shape[-1]).cast(dtypes.float16), self.weight.ggml_type.name
-    if self.words is not None and gemm_mma_words_applies(a, t, self.words.words, self.words.d, tile_expert):
-      y = gemm_mma_words(a, t, self.words.words, self.words.d, tile_expert)
-    elif self.words is None and gemm_mma_blocks_applies(a, t, self.weight.blocks, tile_expert):
+    if (w := self.words) is not None and gemm_mma_words_applies(a, t, w.words, w.d, tile_expert):
+      y = (gemm_int8_words if self.gemm_kernel == "mma_int8" and t in GEMM_INT8_TYPES else gemm_mma_words)(a, t, w.words, w.d, tile_expert)
+    elif w is None and gemm_mma_blocks_applies(a, t, self.weight.blocks, tile_expert):
       y = gemm_mma_blocks(a, t, self.weight.blocks, tile_expert)
     else: return None
     return y.reshape(*x.shape[:-1], self.weight.shape[-2])

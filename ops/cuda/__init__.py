@@ -16,7 +16,8 @@ from tinygrad.renderer import Estimates
 from tinygrad.uop.ops import KernelInfo, Ops, UOp, sint
 
 HERE = Path(__file__).parent
-GEMMS = ("tinygrad", "mma")   # the `gemm` hint's choices: tinygrad's generated GEMM, or gemm_mma.cu's
+# the `gemm` hint's choices: tinygrad's generated GEMM, gemm_mma.cu's, or gemm_int8.cu's where it reads the words
+GEMMS = ("tinygrad", "mma", "mma_int8")
 MIN_CAPABILITY = (8, 0)       # mma.sync m16n8k16, ldmatrix and cp.async: Ampere and later
 
 class KernelRefused(ValueError): pass
@@ -70,14 +71,14 @@ def refusal(kernel: str, device: str) -> str | None:
   if cc < MIN_CAPABILITY: return f"{kernel} needs compute capability {'.'.join(map(str, MIN_CAPABILITY))} or later, this GPU has {cc[0]}.{cc[1]}"
   return None
 
-# the hints whose value takes a hand-written kernel of this folder, and that value
-HAND_WRITTEN = {"gemm": "mma", "decode_attention": "flash", "prefill_attention": "flash"}
+# the hints whose values take a hand-written kernel of this folder, and those values
+HAND_WRITTEN = {"gemm": ("mma", "mma_int8"), "decode_attention": ("flash",), "prefill_attention": ("flash",)}
 # the hints whose hand-written kernel reads the KV cache (an fp16 cache of heads)
-CACHE_READERS = tuple(h for h, v in HAND_WRITTEN.items() if v == "flash")
+CACHE_READERS = tuple(h for h, v in HAND_WRITTEN.items() if "flash" in v)
 
 def hint_refusal(hint: str, value: object, device: str) -> str | None:
   """Why a hint's value cannot run on `device` (a hand-written kernel off a CUDA GPU), in one line; None where it can."""
-  return refusal(f"{hint} {value}", device) if HAND_WRITTEN.get(hint) == value else None
+  return refusal(f"{hint} {value}", device) if value in HAND_WRITTEN.get(hint, ()) else None
 
 def mma_refusal(device: str) -> str | None: return hint_refusal("gemm", "mma", device)
 
@@ -100,22 +101,28 @@ def gemm_tile_rows(m: int, n: int, sms: int | None) -> int:
 
 GEMM_TILE_ROWS = (128, 64, 32)   # the tile rows gemm_mma.cu is written for (32: an expert tile's alone)
 
-def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_rows: int = GEMM_TILE, grouped: bool = False) -> str:
-  return source("gemm_mma.cu", name, M=m, N=n, K=k, WEIGHTS=weights, GROUPED=int(grouped), BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP,
+def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_rows: int = GEMM_TILE, grouped: bool = False,
+                    file: str = "gemm_mma.cu") -> str:
+  return source(file, name, M=m, N=n, K=k, WEIGHTS=weights, GROUPED=int(grouped), BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP,
                 THREADS=GEMM_THREADS)
 
-def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
+def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None, int8: bool = False) -> Tensor:
   """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (fp16, or the words or blocks of `ggml_type`), with
-  `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows."""
+  `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows; with `int8`, gemm_int8.cu's of a's rows quantized
+  to Q8_0's blocks (quant/activations.py q8_0_blocks) against the words."""
   (m, k), grouped = a.shape, tile_expert is not None
   bm = m // tile_expert.shape[0] if grouped else gemm_tile_rows(m, n, multiprocessors(a.device))
   kind = "f16" if ggml_type is None else ggml_type.lower()
-  name = f"r_gemm_mma_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
+  name = f"r_gemm_{'int8' if int8 else 'mma'}_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
   weights = 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type] if ggml_type in GEMM_WORD_TYPES else GEMM_BLOCK_TYPES[ggml_type][0]
-  code = gemm_mma_source(name, m, n, k, weights, bm, grouped)
+  code = gemm_mma_source(name, m, n, k, weights, bm, grouped, "gemm_int8.cu" if int8 else "gemm_mma.cu")
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
-  ins = [a, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
+  if int8:
+    from quant.activations import q8_0_blocks
+    q, d = q8_0_blocks(a.float())
+    a = (q.cast(dtypes.int8).reshape(m, k), d.reshape(m, k // 32))
+  ins = [*(a if int8 else (a,)), *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
   return Tensor.custom_kernel(out, *(t.contiguous() for t in ins), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
 
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
@@ -148,6 +155,18 @@ def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, til
     raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
   return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert)
+
+# the word formats gemm_int8.cu reads, their integer quants' products by mma.sync's int8 form
+GEMM_INT8_TYPES = ("Q4_0", "Q8_0")
+
+def gemm_int8_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> Tensor:
+  """a [M, K] (fp16) @ W.T -> [M, N] float32 in integers, as llama.cpp's MMQ: a's rows quantized to Q8_0's blocks once
+  (int8 quants, a scale a block), their products with the words of Q4_0 or Q8_0 (as gemm_mma_words takes them, one
+  matrix's or a MoE's experts' by tile) summed in int32 a block by gemm_int8.cu, each block's sums scaled in float32."""
+  if ggml_type not in GEMM_INT8_TYPES or not gemm_mma_words_applies(a, ggml_type, words, scales, tile_expert):
+    raise KernelRefused(f"gemm mma_int8 reads the words of {', '.join(GEMM_INT8_TYPES)} against fp16 rows of fixed shapes (grouped: tiles "
+                        f"of {', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
+  return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert, int8=True)
 
 def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> bool:
   """Whether gemm_mma_blocks computes a @ W.T: a fp16 [M, K] against one matrix's GGUF blocks [N, K / elements, bytes]

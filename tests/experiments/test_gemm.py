@@ -43,7 +43,8 @@ def test_records_of_each_shape_checked_against_float64(tmp_path: Path, capsys):
   assert len(records) == len(gemm.gemm_shapes(GGUFFile(model), resolve_hints(model, {}).fuse))   # one kernel here: tinygrad's
   assert all(r["kind"] == "gemm" and not journal.is_bench(r) and r["metrics"]["correct"] and r["metrics"]["rel_err"] < 1e-3
              and r["metrics"]["tflops"] > 0 and r["metrics"]["rows"] == 40 for r in records)
-  assert "left out: mma: gemm mma runs on CUDA GPUs" in out and gemm.HEAD in out and "WRONG" not in out
+  assert "left out: mma: gemm mma runs on CUDA GPUs" in out and "mma_int8: gemm mma_int8 runs on CUDA GPUs" in out
+  assert gemm.HEAD in out and "WRONG" not in out
 
 def test_a_kernel_that_drops_its_work_is_wrong(monkeypatch):
   monkeypatch.setattr(QuantLinear, "gemm_of", lambda self, x: (x[..., :1] * 0).expand(*x.shape[:-1], self.weight.shape[0]).contiguous())
@@ -51,8 +52,9 @@ def test_a_kernel_that_drops_its_work_is_wrong(monkeypatch):
   assert record["metrics"]["rel_err"] == 1.0 and not record["metrics"]["correct"] and gemm.table_row(record).endswith("WRONG")
 
 def test_bad_requests_get_one_line(capsys):
-  off_cuda = [(["--kernels", "mma"], "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU")] if Device.DEFAULT != "CUDA" else []
-  for argv, message in [*off_cuda, (["--kernels", "cublas"], "unknown GEMM kernel 'cublas' (choose from tinygrad, mma)"),
+  off_cuda = [(["--kernels", k], f"gemm {k} runs on CUDA GPUs (tinygrad's CUDA backend), not CPU") for k in ("mma", "mma_int8")] \
+    if Device.DEFAULT != "CUDA" else []
+  for argv, message in [*off_cuda, (["--kernels", "cublas"], "unknown GEMM kernel 'cublas' (choose from tinygrad, mma, mma_int8)"),
                         (["--rows", "0"], "--rows and --iters must be at least 1, got 0 and 20")]:
     assert main(["gemm", "llama3.2-1b-tiny", "--no-journal", *argv]) == 1
     assert capsys.readouterr().err.strip() == f"tinyzoo: error: {message}"

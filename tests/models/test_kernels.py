@@ -32,3 +32,12 @@ def test_weights_without_words_are_dequantized_first_and_a_float_prefill_takes_n
 def test_a_kernel_this_device_cannot_run_is_said_refused():
   uses = kernels.hand_written(GGUFFile(synthesized("llama3.2-1b-tiny")), resolve({"gemm": "mma"}), "CPU")
   assert uses == [("gemm mma", "refused here: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU")]
+
+def test_the_integer_gemm_takes_the_words_of_its_types(on_a_gpu):
+  """Under mma_int8, Q4_0's and Q8_0's words (a weight's and the experts') in integers; MXFP4's experts decoded as under mma."""
+  def gemm(name: str) -> str:
+    return dict(kernels.hand_written(GGUFFile(synthesized(name)), resolve({**ALL, "gemm": "mma_int8"}), "CUDA"))["gemm mma_int8"]
+  assert gemm("deepseek-v2-lite-tiny") == ("Q4_0 words' int8 products by the kernel, the rows quantized to 8 bits; Q4_0 experts' words' int8 "
+                                           "products by the kernel, the rows quantized to 8 bits, grouped by tile; F32 (routers): tinygrad's")
+  assert gemm("gpt-oss-20b-tiny").startswith("Q8_0 words' int8 products by the kernel, the rows quantized to 8 bits; MXFP4 experts' words "
+                                             "decoded by the kernel, grouped by tile")

@@ -38,6 +38,7 @@ typedef half __half;
 struct __half2 { half x, y; };
 typedef __half2 half2;
 struct uint2 { unsigned x, y; };
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct float2 { float x, y; };
@@ -135,6 +136,32 @@ static inline void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b
     const int row = l / 4 + (e >> 1) * 8, col = (l % 4) * 2 + (e & 1);
     float s = 0.f;
     for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+    c[e] += s;
+  }
+}
+
+// mma.sync m16n8k32 on int8: a lane holds A's rows lane/4 and +8 at columns 4(lane%4)+{0..3} and +16, B's columns
+// lane/4 at rows 4(lane%4)+{0..3} and +16, C's as m16n8k16's
+static inline int byte_of(unsigned u, int k) { return (int)(signed char)(u >> (8 * k)); }
+static inline void mma16832_s8(int* c, const unsigned* a, unsigned b0, unsigned b1) {
+  struct Fragments { unsigned a[4], b[2]; };
+  static Fragments lanes[32][32];
+  const int l = lane(), w = warp();
+  memcpy(lanes[w][l].a, a, 16); lanes[w][l].b[0] = b0; lanes[w][l].b[1] = b1; warp_meet();
+  int A[16][32], B[32][8];
+  for (int t = 0; t < 32; t++) {
+    const int g = t / 4, q = (t % 4) * 4;
+    for (int k = 0; k < 4; k++) {
+      A[g][q + k] = byte_of(lanes[w][t].a[0], k); A[g + 8][q + k] = byte_of(lanes[w][t].a[1], k);
+      A[g][q + 16 + k] = byte_of(lanes[w][t].a[2], k); A[g + 8][q + 16 + k] = byte_of(lanes[w][t].a[3], k);
+      B[q + k][g] = byte_of(lanes[w][t].b[0], k); B[q + 16 + k][g] = byte_of(lanes[w][t].b[1], k);
+    }
+  }
+  warp_meet();
+  for (int e = 0; e < 4; e++) {
+    const int row = l / 4 + (e >> 1) * 8, col = (l % 4) * 2 + (e & 1);
+    int s = 0;
+    for (int k = 0; k < 32; k++) s += A[row][k] * B[k][col];
     c[e] += s;
   }
 }

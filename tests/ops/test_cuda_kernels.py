@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 import ops.cuda as ops_cuda
 from ops.attention import attention, cache_positions
-from ops.cuda import GEMM_BLOCK_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, flash_decode_parts, flash_prefill, \
-  flash_refusal, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, \
-  latent_refusal, mma_refusal, multiprocessors, source
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, \
+  flash_decode_parts, flash_prefill, flash_refusal, gemm_int8_words, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, \
+  gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, latent_refusal, mma_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
 from quant.linear import QuantExperts, QuantLinear, gemm
 from quant.qtensor import QTensor
@@ -73,6 +73,14 @@ def test_every_programs_arguments_are_its_buffers_then_its_variables():
 def _words(ggml_type: T, n: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, WordBlocks]:
   raw = random_blocks(ggml_type, (n, k), rng)
   return raw, WordBlocks.from_blocks(QTensor.from_bytes(raw, ggml_type, (n, k)))
+
+def q8_0_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """a's rows as Q8_0 blocks, as quant/activations.py q8_0_blocks computes them: int8 quants (to nearest, ties to even)
+  and float32 scales of an fp16 [M, K / 32]."""
+  blocks = a.astype(np.float32).reshape(a.shape[0], -1, 32)
+  amax = np.abs(blocks).max(-1)
+  q = np.rint(blocks * np.where(amax > 0, 127 / np.where(amax > 0, amax, 1), 0)[..., None]).astype(np.int8)
+  return q.reshape(a.shape), (amax / 127).astype(np.float16).astype(np.float32)
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.MXFP4])
 def test_the_words_gemm_reads_a_weights_words_and_scales(rng: np.random.Generator, ggml_type: T):
@@ -154,6 +162,18 @@ def test_a_chunks_matmul_under_mma_decodes_the_words_where_the_strategy_keeps_th
   assert programs("packed_words") == ["r_gemm_mma_q4_0_40x256x128"]
   assert programs("packed_dot") == ["r_gemm_mma_f16_40x256x128"]
 
+def test_a_chunks_matmul_under_mma_int8_takes_the_integer_gemm_where_it_reads_the_words(rng: np.random.Generator):
+  """Q4_0's and Q8_0's words in integers; MXFP4's words, the blocks and fp16 weights as under mma."""
+  def programs(ggml_type: T, strategy: str) -> list[str]:
+    lin = QuantLinear(QTensor.from_bytes(random_blocks(ggml_type, (256, 512), rng), ggml_type, (256, 512)), strategy=strategy, prefill="half",
+                      gemm_kernel="mma_int8")
+    return [u.src[0].arg.name for u in lin(Tensor.empty(1, 40, 512)).uop.toposort() if u.op is Ops.PROGRAM]
+  assert programs(T.Q4_0, "packed_words") == ["r_gemm_int8_q4_0_40x256x512"] and programs(T.Q8_0, "packed_words") == ["r_gemm_int8_q8_0_40x256x512"]
+  assert programs(T.MXFP4, "packed_words") == ["r_gemm_mma_mxfp4_40x256x512"] and programs(T.Q4_K, "packed_words") == ["r_gemm_mma_q4_k_40x256x512"]
+  assert programs(T.Q4_0, "packed_dot") == ["r_gemm_mma_f16_40x256x512"]   # no words kept: fp16 weights
+  with pytest.raises(KernelRefused, match="gemm mma_int8 reads the words of Q4_0, Q8_0"):
+    gemm_int8_words(Tensor.empty(40, 512, dtype=dtypes.float16), "MXFP4", Tensor.empty(256, 16, 4, dtype=dtypes.uint32), Tensor.empty(256, 16))
+
 def test_a_chunks_matmul_under_mma_reads_q4_k_q6_k_and_q5_0_blocks_as_stored(rng: np.random.Generator):
   """Q4_K, Q6_K and Q5_0 have no words: under every strategy the GEMM reads their GGUF blocks itself, a weight's and an expert's."""
   for ggml_type, strategy in itertools.product((T.Q4_K, T.Q6_K, T.Q5_0), ("packed_words", "packed_dot")):
@@ -175,11 +195,13 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint gemm: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
 
 @nvcc
-@pytest.mark.parametrize("weights", [0, *GEMM_WORD_TYPES.values(), *(w for w, _, _ in GEMM_BLOCK_TYPES.values())])
-@pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 64, False), (160, 96, 64, 32, True)])
-def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, weights: int):
-  if weights in (w for w, _, _ in GEMM_BLOCK_TYPES.values()): k = -(-k // 256) * 256   # whole super-blocks
-  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped))
+@pytest.mark.parametrize("file, weights", [("gemm_mma.cu", w) for w in (0, *GEMM_WORD_TYPES.values(), *(w for w, _, _ in GEMM_BLOCK_TYPES.values()))]
+                         + [("gemm_int8.cu", GEMM_WORD_TYPES[t]) for t in GEMM_INT8_TYPES])
+@pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 128, False), (512, 3072, 2048, 64, False),
+                                                         (160, 96, 64, 32, True)])
+def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, file: str, weights: int):
+  if file == "gemm_mma.cu" and weights in (w for w, _, _ in GEMM_BLOCK_TYPES.values()): k = -(-k // 256) * 256   # whole super-blocks
+  (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped, file))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
@@ -209,6 +231,21 @@ def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, 
   want, rounded = (a.astype(np.float64) @ wt.T for wt in (exact, exact.astype(np.float16).astype(np.float64)))
   scale = np.abs(want).max()
   assert got.shape == (m, n) and np.abs(got - rounded).max() <= 1e-5 * scale and np.abs(got - want).max() <= 1e-3 * scale
+
+@on_gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0])
+@pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 2048, 2048), (300, 1000, 4096), (1, 256, 64)])
+def test_the_int8_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
+  """The rows quantized to 8 bits on the GPU, then their integer products with the words: the quantized rows against the
+  blocks gguf.quants dequantizes, in float64, within float32's error; the rows as given within the quantization's."""
+  raw, w = _words(ggml_type, n, k, rng)
+  a = rng.standard_normal((m, k)).astype(np.float16)
+  got = gemm_int8_words(Tensor(a), ggml_type.name, w.words, w.d).numpy()
+  weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64)
+  aq, ad = q8_0_rows(a)
+  quantized, exact = (rows @ weights.T for rows in (aq.astype(np.float64) * np.repeat(ad, 32, axis=1), a.astype(np.float64)))
+  scale = np.abs(exact).max()
+  assert got.shape == (m, n) and np.abs(got - quantized).max() <= 1e-5 * scale and np.abs(got - exact).max() <= 2e-2 * scale
 
 @on_gpu
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q5_0])

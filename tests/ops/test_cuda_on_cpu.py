@@ -11,12 +11,12 @@ from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
-from ops.cuda import flash_decode, flash_decode_latent, flash_prefill, gemm_mma, gemm_mma_blocks, gemm_mma_words
+from ops.cuda import flash_decode, flash_decode_latent, flash_prefill, gemm_int8_words, gemm_mma, gemm_mma_blocks, gemm_mma_words
 from ops.routing import ExpertGroups
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from quant.words import WordBlocks
-from tests.ops.test_cuda_kernels import _programs, _words
+from tests.ops.test_cuda_kernels import _programs, _words, q8_0_rows
 
 HEADER = Path(__file__).with_name("cuda_on_cpu.h")
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="compiles the emulated kernels with g++")
@@ -138,6 +138,19 @@ def test_the_words_gemm_on_the_cpu_against_gguf_quants(rng: np.random.Generator,
   got = emulate(prg, [np.zeros((m, n), np.float32), a, w.words.numpy(), w.d.numpy()], (), tmp_path)
   weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float16).astype(np.float64)
   want = a.astype(np.float64) @ weights.T
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0])
+def test_the_int8_gemm_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path, ggml_type: T):
+  """Rows quantized to int8 blocks against the words' quants in integers, each block's sums scaled by both scales: the
+  quantized rows' values times the blocks gguf.quants dequantizes, in float64."""
+  m, n, k = 77, 300, 96
+  raw, w = _words(ggml_type, n, k, rng)
+  aq, ad = q8_0_rows(rng.standard_normal((m, k)).astype(np.float16))
+  (prg,) = _programs(gemm_int8_words(Tensor.empty(m, k, dtype=dtypes.float16), ggml_type.name, w.words, w.d))
+  got = emulate(prg, [np.zeros((m, n), np.float32), aq, ad, w.words.numpy(), w.d.numpy()], (), tmp_path)
+  rows = aq.astype(np.float64) * np.repeat(ad, 32, axis=1)
+  want = rows @ gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64).T
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 def test_the_grouped_words_gemm_on_the_cpu_reads_each_tiles_expert(rng: np.random.Generator, tmp_path: Path):

@@ -48,7 +48,8 @@ def test_a_tensor_core_gpu_takes_the_flash_attention_kernels_over_an_fp16_cache(
   h = resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b"))
   assert (h.decode_attention, h.prefill_attention, h.kv_cache) == ("flash", "flash", "half")
   assert {h.sources[n] for n in ("decode_attention", "prefill_attention", "kv_cache")} == {"heuristic"}
-  for above, why in (({"profile": {"kv_layout": "rows"}}, "kv_layout rows (profile)"), ({"runtime": {"kv_cache": "float"}}, "kv_cache float (runtime)")):
+  for above, why in (({"profile": {"kv_layout": "rows"}}, "kv_layout rows (profile)"),
+                     ({"runtime": {"kv_cache": "float"}}, "kv_cache float (runtime)")):
     h = resolve(**above, machine=H200)
     assert h.decode_attention == h.prefill_attention == "tinygrad" and h.sources["decode_attention"] == "heuristic"
     assert h.reasons["decode_attention"].startswith("tinygrad's: flash reads an fp16 cache of heads") and why in h.reasons["prefill_attention"]
