@@ -19,7 +19,8 @@ signed quants multiply x's with their signs moved onto x's (|w| * sign(w) x), wh
 The kernel reaches tinygrad through `Tensor.custom_kernel` as a program whose source is given: a store to the output
 and a load of each input, never rendered, tell the scheduler what it writes and reads. Its rows are split over the
 CPU's threads by a `core_id` parameter, as tinygrad's THREAD opt splits a kernel, four rows at a time sharing x's loads,
-each block prefetched while the rows two groups before it are summed.
+each block prefetched while the rows two groups before it are summed; against a prompt chunk's rows each weight block
+is unpacked once for eight rows of x (X_AT_ONCE), not once for each.
 """
 import dataclasses
 import functools
@@ -36,6 +37,9 @@ from quant.qtensor import QTensor
 PATHS = {"avx512_vnni": {"avx512_vnni", "avx512vl"}, "avx_vnni": {"avx_vnni"}, "avx2": set()}
 TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K)
 ROWS_AT_ONCE = 4
+# rows of x a weight block is unpacked for at once (a prompt chunk's; decode's one row takes one): of 2, 4, 8, 16 and
+# 32, 8 was fastest here
+X_AT_ONCE = 8
 PREFETCH_GROUPS = 2   # how many groups of rows ahead a block is prefetched: of 1, 2 and 3, 2 was fastest here
 
 @functools.cache
@@ -101,70 +105,90 @@ INL __m256i tz_bit_bytes(u32 bits) {
   b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
   return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
 }
-/* one weight block against its x blocks: x, xs, xsum at the first of them (xs a block's scale, xsum that times the sum of
-   its quants); adds the integer sums times scales to acc and the rest to fixed */
-INL void tz_block(const u8* wb, const u32* x, const float* xs, const float* xsum, __m256* acc, float* fixed) {
+/* one weight block against the blocks of NX rows of x (a row XSTEP blocks after the last): x, xs, xsum at the first row's
+   first (xs a block's scale, xsum that times the sum of its quants); the block's quants are unpacked once for all NX,
+   each row's integer sums times scales added to its acc and the rest to its fixed */
+#define XSTEP (NB * XBLOCKS)
+INL void tz_block(const u8* wb, const u32* x, const float* xs, const float* xsum, __m256* acc, float* fixed, const int nx) {
+#define X(j, at) tz_load((const u8*)(x + 12 * ((j) * XSTEP + (at))))
+#if TYPE_Q4_0 || TYPE_Q4_1 || TYPE_Q5_0
 #if TYPE_Q4_0
-  float d = tz_f16(wb);
-  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(tz_nibbles(wb + 2), tz_load((const u8*)x))), _mm256_set1_ps(d * xs[0]), *acc);
-  *fixed -= 8.0f * d * xsum[0];
+  const __m256i q = tz_nibbles(wb + 2);
+  const float d = tz_f16(wb), off = -8.0f * d;
 #elif TYPE_Q4_1
-  float d = tz_f16(wb);
-  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(tz_nibbles(wb + 4), tz_load((const u8*)x))), _mm256_set1_ps(d * xs[0]), *acc);
-  *fixed += tz_f16(wb + 2) * xsum[0];
-#elif TYPE_Q5_0
-  float d = tz_f16(wb);
+  const __m256i q = tz_nibbles(wb + 4);
+  const float d = tz_f16(wb), off = tz_f16(wb + 2);
+#else
   u32 high; __builtin_memcpy(&high, wb + 2, 4);
-  __m256i q = _mm256_or_si256(tz_nibbles(wb + 6), tz_bit_bytes(high));
-  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(q, tz_load((const u8*)x))), _mm256_set1_ps(d * xs[0]), *acc);
-  *fixed -= 16.0f * d * xsum[0];
+  const __m256i q = _mm256_or_si256(tz_nibbles(wb + 6), tz_bit_bytes(high));
+  const float d = tz_f16(wb), off = -16.0f * d;
+#endif
+  for (int j = 0; j < nx; j++) {
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(q, X(j, 0))), _mm256_set1_ps(d * xs[j * XSTEP]), acc[j]);
+    fixed[j] += off * xsum[j * XSTEP];
+  }
 #elif TYPE_Q8_0
-  *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_signed_dot(tz_load(wb + 2), tz_load((const u8*)x))), _mm256_set1_ps(tz_f16(wb) * xs[0]), *acc);
+  const __m256i w = tz_load(wb + 2), magnitude = _mm256_sign_epi8(w, w);
+  const float d = tz_f16(wb);
+  for (int j = 0; j < nx; j++)
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(magnitude, _mm256_sign_epi8(X(j, 0), w))), _mm256_set1_ps(d * xs[j * XSTEP]), acc[j]);
 #elif TYPE_Q4_K
   /* d, dmin, 12 bytes of 6-bit scales and mins of 8 sub-blocks, then 4 runs of 32 bytes: low nibbles sub-block 2j, high 2j + 1 */
-  float d = tz_f16(wb), dmin = tz_f16(wb + 2);
+  const float d = tz_f16(wb), dmin = tz_f16(wb + 2);
   const u8* s = wb + 4;
-  for (int j = 0; j < 8; j++) {
-    int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    __m256i raw = tz_load(wb + 16 + 32 * (j / 2));
-    __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(15));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(q, tz_load((const u8*)(x + 12 * j)))), _mm256_set1_ps(d * sc * xs[j]), *acc);
-    *fixed -= dmin * mn * xsum[j];
+  for (int k = 0; k < 8; k++) {
+    const int sc = k < 4 ? s[k] & 63 : (s[k + 4] & 15) | ((s[k - 4] >> 6) << 4);
+    const int mn = k < 4 ? s[k + 4] & 63 : (s[k + 4] >> 4) | ((s[k] >> 6) << 4);
+    const __m256i raw = tz_load(wb + 16 + 32 * (k / 2));
+    const __m256i q = _mm256_and_si256(k % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(15));
+    for (int j = 0; j < nx; j++) {
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tz_dot(q, X(j, k))), _mm256_set1_ps(d * sc * xs[j * XSTEP + k]), acc[j]);
+      fixed[j] -= dmin * mn * xsum[j * XSTEP + k];
+    }
   }
 #elif TYPE_Q6_K
   /* 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales (one a run of 16), d: sub-block 4h + k takes its
      low 4 bits from byte l of run k % 2 of half h's low bytes (the high nibble for k >= 2), bits 2k of byte l of half h's
      high bytes */
-  float d = tz_f16(wb + 208);
+  const float d = tz_f16(wb + 208);
   const signed char* sc = (const signed char*)(wb + 192);
-  for (int j = 0; j < 8; j++) {
-    int h = j / 4, k = j % 4;
+  for (int b = 0; b < 8; b++) {
+    const int h = b / 4, k = b % 4;
     __m256i low = tz_load(wb + 64 * h + 32 * (k % 2)), high = tz_load(wb + 128 + 32 * h);
     low = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(low, 4) : low, _mm256_set1_epi8(15));
     high = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(high, 2 * k), 4), _mm256_set1_epi8(0x30));
-    __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
-    __m256 scale = _mm256_set_m128(_mm_set1_ps((float)sc[8 * h + 2 * k + 1]), _mm_set1_ps((float)sc[8 * h + 2 * k]));
-    __m256 sums = _mm256_cvtepi32_ps(tz_signed_dot(q, tz_load((const u8*)(x + 12 * j))));
-    *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(d * xs[j])), *acc);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), magnitude = _mm256_sign_epi8(q, q);
+    const __m256 scale = _mm256_set_m128(_mm_set1_ps((float)sc[8 * h + 2 * k + 1]), _mm_set1_ps((float)sc[8 * h + 2 * k]));
+    for (int j = 0; j < nx; j++) {
+      const __m256 sums = _mm256_cvtepi32_ps(tz_dot(magnitude, _mm256_sign_epi8(X(j, b), q)));
+      acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(d * xs[j * XSTEP + b])), acc[j]);
+    }
   }
 #endif
+#undef X
 }
-/* weight rows r to r + count against every row of x */
-INL void tz_rows(float* restrict out, const u32* restrict xq, const float* xs, const float* xsum, const u8* restrict w, int r, int count) {
-  for (int n = 0; n < N; n++) {
-    __m256 acc[ROWS_AT_ONCE]; float fixed[ROWS_AT_ONCE];
-    for (int i = 0; i < count; i++) { acc[i] = _mm256_setzero_ps(); fixed[i] = 0.0f; }
-    for (int b = 0; b < NB; b++) {
-      int at = n * NB * XBLOCKS + b * XBLOCKS;
-      for (int i = 0; i < count; i++) {
-        /* the same block of the rows PREFETCH_GROUPS groups on: the memory prefetchers alone left a large matrix at half speed */
-        _mm_prefetch((const char*)(w + ((long)(r + i + PREFETCH_GROUPS * ROWS_AT_ONCE) * NB + b) * BLOCK_BYTES), _MM_HINT_T0);
-        tz_block(w + ((long)(r + i) * NB + b) * BLOCK_BYTES, xq + 12 * at, xs + at, xsum + at, &acc[i], &fixed[i]);
-      }
+/* weight rows r to r + count against rows n to n + nx of x (count and nx constants where inlined) */
+INL void tz_tile(float* restrict out, const u32* restrict xq, const float* xs, const float* xsum, const u8* restrict w, int r,
+                 const int count, int n, const int nx) {
+  __m256 acc[ROWS_AT_ONCE][X_AT_ONCE]; float fixed[ROWS_AT_ONCE][X_AT_ONCE];
+  for (int i = 0; i < count; i++)
+    for (int j = 0; j < nx; j++) { acc[i][j] = _mm256_setzero_ps(); fixed[i][j] = 0.0f; }
+  for (int b = 0; b < NB; b++) {
+    const int at = n * XSTEP + b * XBLOCKS;
+    for (int i = 0; i < count; i++) {
+      /* the same block of the rows PREFETCH_GROUPS groups on: the memory prefetchers alone left a large matrix at half speed */
+      _mm_prefetch((const char*)(w + ((long)(r + i + PREFETCH_GROUPS * ROWS_AT_ONCE) * NB + b) * BLOCK_BYTES), _MM_HINT_T0);
+      tz_block(w + ((long)(r + i) * NB + b) * BLOCK_BYTES, xq + 12 * at, xs + at, xsum + at, acc[i], fixed[i], nx);
     }
-    for (int i = 0; i < count; i++) out[n * ROWS + r + i] = tz_hsumf(acc[i]) + fixed[i];
   }
+  for (int i = 0; i < count; i++)
+    for (int j = 0; j < nx; j++) out[(n + j) * ROWS + r + i] = tz_hsumf(acc[i][j]) + fixed[i][j];
+}
+/* weight rows r to r + count against every row of x, X_AT_ONCE rows of x at a time */
+INL void tz_rows(float* restrict out, const u32* restrict xq, const float* xs, const float* xsum, const u8* restrict w, int r, const int count) {
+  int n = 0;
+  for (; n + X_AT_ONCE <= N; n += X_AT_ONCE) tz_tile(out, xq, xs, xsum, w, r, count, n, X_AT_ONCE);
+  for (; n < N; n++) tz_tile(out, xq, xs, xsum, w, r, count, n, 1);
 }
 void NAME(float* restrict out, const u32* restrict xq, const u8* restrict w, const int core_id) {
   const int groups = ROWS / ROWS_AT_ONCE, lo = core_id * groups / THREADS * ROWS_AT_ONCE;
@@ -184,7 +208,8 @@ def source(name: str, w: QTensor, n: int, threads: int, path: str) -> str:
   """The kernel's C for w's rows against `n` rows of x, split over `threads`, by `path`."""
   fmt = w.format
   defines = {"N": n, "ROWS": w.shape[0], "NB": w.shape[1] // fmt.block_elems, "BLOCK_BYTES": fmt.block_bytes,
-             "XBLOCKS": fmt.block_elems // 32, "THREADS": threads, "ROWS_AT_ONCE": ROWS_AT_ONCE, "PREFETCH_GROUPS": PREFETCH_GROUPS,
+             "XBLOCKS": fmt.block_elems // 32, "THREADS": threads, "ROWS_AT_ONCE": ROWS_AT_ONCE, "X_AT_ONCE": X_AT_ONCE,
+             "PREFETCH_GROUPS": PREFETCH_GROUPS,
              **{f"TYPE_{t.name}": int(t is w.ggml_type) for t in TYPES}, **{f"PATH_{p.upper()}": int(p == path) for p in PATHS}}
   return "\n".join(f"#define {k} {v}" for k, v in defines.items()) + SOURCE.replace("NAME", name)
 
