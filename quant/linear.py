@@ -23,7 +23,7 @@ from ops.cuda import GEMM_INT8_TYPES, GEMMS, gemm_int8_words, gemm_mma, gemm_mma
   gemm_mma_words, gemm_mma_words_applies
 from ops.norm import NormedInput
 from ops.routing import ExpertGroups
-from quant.activations import ROUNDINGS, realized_rounding, round_activations
+from quant.activations import ROUNDINGS, q8_0_blocks, realized_rounding, round_activations
 from quant.blockformat import BlockFormat
 from quant import int8_cpu
 from quant.int8_dot import INT8_TYPES, Int8Rows, int8_dot
@@ -168,7 +168,10 @@ class _PackedWeight:
     if self.gemm_kernel == "tinygrad" or not self.upcast or self._gemm_dtype() != dtypes.float16: return None
     a, t = x.reshape(-1, x.shape[-1]).cast(dtypes.float16), self.weight.ggml_type.name
     if (w := self.words) is not None and gemm_mma_words_applies(a, t, w.words, w.d, tile_expert):
-      y = (gemm_int8_words if self.gemm_kernel == "mma_int8" and t in GEMM_INT8_TYPES else gemm_mma_words)(a, t, w.words, w.d, tile_expert)
+      if self.gemm_kernel == "mma_int8" and t in GEMM_INT8_TYPES:
+        q, d = q8_0_blocks(a.float())   # the rows quantized once, as llama.cpp's MMQ quantizes them
+        y = gemm_int8_words(q.cast(dtypes.int8).reshape(a.shape), d.reshape(a.shape[0], -1), t, w.words, w.d, tile_expert)
+      else: y = gemm_mma_words(a, t, w.words, w.d, tile_expert)
     elif w is None and gemm_mma_blocks_applies(a, t, self.weight.blocks, tile_expert):
       y = gemm_mma_blocks(a, t, self.weight.blocks, tile_expert)
     else: return None

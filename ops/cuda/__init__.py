@@ -106,11 +106,12 @@ def gemm_mma_source(name: str, m: int, n: int, k: int, weights: int = 0, tile_ro
   return source(file, name, M=m, N=n, K=k, WEIGHTS=weights, GROUPED=int(grouped), BM=tile_rows, BN=GEMM_TILE, BK=GEMM_K_STEP,
                 THREADS=GEMM_THREADS)
 
-def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None, int8: bool = False) -> Tensor:
-  """The program of gemm_mma.cu for a [M, K] against weights `w` of N rows (fp16, or the words or blocks of `ggml_type`), with
-  `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows; with `int8`, gemm_int8.cu's of a's rows quantized
-  to Q8_0's blocks (quant/activations.py q8_0_blocks) against the words."""
-  (m, k), grouped = a.shape, tile_expert is not None
+def _gemm(rows: tuple[Tensor, ...], n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_expert: Tensor | None = None) -> Tensor:
+  """The program of gemm_mma.cu for rows (a [M, K]) against weights `w` of N rows (fp16, or the words or blocks of
+  `ggml_type`), with `tile_expert` grouped by expert in tiles of M / len(tile_expert) rows; gemm_int8.cu's for rows
+  quantized (their int8 quants and their blocks' scales) against the words."""
+  (m, k), grouped, int8 = rows[0].shape, tile_expert is not None, len(rows) == 2
+  a = rows[0]
   bm = m // tile_expert.shape[0] if grouped else gemm_tile_rows(m, n, multiprocessors(a.device))
   kind = "f16" if ggml_type is None else ggml_type.lower()
   name = f"r_gemm_{'int8' if int8 else 'mma'}_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
@@ -118,11 +119,7 @@ def _gemm(a: Tensor, n: int, ggml_type: str | None, w: tuple[Tensor, ...], tile_
   weights = 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type] if ggml_type in GEMM_WORD_TYPES else GEMM_BLOCK_TYPES[ggml_type][0]
   code = gemm_mma_source(name, m, n, k, weights, bm, grouped, "gemm_int8.cu" if int8 else "gemm_mma.cu")
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
-  if int8:
-    from quant.activations import q8_0_blocks
-    q, d = q8_0_blocks(a.float())
-    a = (q.cast(dtypes.int8).reshape(m, k), d.reshape(m, k // 32))
-  ins = [*(a if int8 else (a,)), *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
+  ins = [*rows, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
   return Tensor.custom_kernel(out, *(t.contiguous() for t in ins), fxn=program(name, code, grid, (GEMM_THREADS, 1, 1), 2 * m * n * k))[0]
 
 def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
@@ -130,19 +127,21 @@ def gemm_mma(a: Tensor, b: Tensor) -> Tensor:
   if not gemm_mma_applies(a, b):
     raise KernelRefused(f"gemm mma takes two fp16 matrices of fixed shapes with K a multiple of {GEMM_K_STEP}: "
                         f"{a.shape} {a.dtype}, {b.shape} {b.dtype}")
-  return _gemm(a, b.shape[0], None, (b,))
+  return _gemm((a,), b.shape[0], None, (b,))
 
 def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> bool:
   """Whether gemm_mma_words computes a @ W.T: a fp16 [M, K] against one matrix's words [N, K/32, words a block], or with
   tile_expert [tiles] experts' words [experts, N, K/32, words a block] in tiles of 32, 64 or 128 rows."""
+  return ggml_type in GEMM_WORD_TYPES and a.dtype == dtypes.float16 and _words_apply(a, words, scales, tile_expert)
+
+def _words_apply(a: Tensor, words: Tensor, scales: Tensor, tile_expert: Tensor | None) -> bool:
   lead = 0 if tile_expert is None else 1
-  return (ggml_type in GEMM_WORD_TYPES and _rows_apply(a, words, tile_expert) and words.ndim == 3 + lead
-          and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1])
+  return _rows_apply(a, words, tile_expert) and words.ndim == 3 + lead and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1]
 
 def _rows_apply(a: Tensor, w: Tensor, tile_expert: Tensor | None) -> bool:
-  """Whether gemm_mma takes a's rows against the packed w: fp16 [M, K] of fixed shapes, in tiles of 32, 64 or 128 rows
-  where grouped by expert."""
-  return (a.ndim == 2 and a.dtype == dtypes.float16 and _fixed(a, w)
+  """Whether gemm_mma takes a's rows against the packed w: [M, K] of fixed shapes, in tiles of 32, 64 or 128 rows where
+  grouped by expert."""
+  return (a.ndim == 2 and _fixed(a, w)
           and (tile_expert is None or (tile_expert.ndim == 1 and a.shape[0] % tile_expert.shape[0] == 0
                                        and a.shape[0] // tile_expert.shape[0] in GEMM_TILE_ROWS)))
 
@@ -154,26 +153,28 @@ def gemm_mma_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, til
   if not gemm_mma_words_applies(a, ggml_type, words, scales, tile_expert):
     raise KernelRefused(f"gemm mma reads the words of {', '.join(GEMM_WORD_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
-  return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert)
+  return _gemm((a,), words.shape[-3], ggml_type, (words, scales), tile_expert)
 
 # the word formats gemm_int8.cu reads, their integer quants' products by mma.sync's int8 form
 GEMM_INT8_TYPES = ("Q4_0", "Q8_0")
 
-def gemm_int8_words(a: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> Tensor:
-  """a [M, K] (fp16) @ W.T -> [M, N] float32 in integers, as llama.cpp's MMQ: a's rows quantized to Q8_0's blocks once
-  (int8 quants, a scale a block), their products with the words of Q4_0 or Q8_0 (as gemm_mma_words takes them, one
-  matrix's or a MoE's experts' by tile) summed in int32 a block by gemm_int8.cu, each block's sums scaled in float32."""
-  if ggml_type not in GEMM_INT8_TYPES or not gemm_mma_words_applies(a, ggml_type, words, scales, tile_expert):
-    raise KernelRefused(f"gemm mma_int8 reads the words of {', '.join(GEMM_INT8_TYPES)} against fp16 rows of fixed shapes (grouped: tiles "
-                        f"of {', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {a.shape} {a.dtype}")
-  return _gemm(a, words.shape[-3], ggml_type, (words, scales), tile_expert, int8=True)
+def gemm_int8_words(q: Tensor, d: Tensor, ggml_type: str, words: Tensor, scales: Tensor, tile_expert: Tensor | None = None) -> Tensor:
+  """Rows quantized to Q8_0's blocks (q [M, K] int8, d [M, K / 32] float32 their scales: quant/activations.py
+  q8_0_blocks) @ W.T -> [M, N] float32 in integers, as llama.cpp's MMQ: their products with the words of Q4_0 or Q8_0
+  (as gemm_mma_words takes them, one matrix's or a MoE's experts' by tile) summed in int32 a block by gemm_int8.cu, each
+  block's sums scaled in float32."""
+  if (ggml_type not in GEMM_INT8_TYPES or q.dtype != dtypes.int8 or q.ndim != 2 or d.shape != (q.shape[0], q.shape[1] // 32)
+      or not _words_apply(q, words, scales, tile_expert)):
+    raise KernelRefused(f"gemm mma_int8 reads the words of {', '.join(GEMM_INT8_TYPES)} against int8 rows of fixed shapes and their "
+                        f"scales (grouped: tiles of {', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {words.shape}, {q.shape} {q.dtype}")
+  return _gemm((q, d.cast(dtypes.float32)), words.shape[-3], ggml_type, (words, scales), tile_expert)
 
 def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> bool:
   """Whether gemm_mma_blocks computes a @ W.T: a fp16 [M, K] against one matrix's GGUF blocks [N, K / elements, bytes]
   (QTensor.blocks), or with tile_expert [tiles] experts' [experts, N, ...], in tiles of 32, 64 or 128 rows."""
   if ggml_type not in GEMM_BLOCK_TYPES: return False
   _, elements, nbytes = GEMM_BLOCK_TYPES[ggml_type]
-  return (_rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None) and blocks.dtype == dtypes.uint8
+  return (a.dtype == dtypes.float16 and _rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None) and blocks.dtype == dtypes.uint8
           and blocks.shape[-1] == nbytes and blocks.shape[-2] * elements == a.shape[1])
 
 def gemm_mma_blocks(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> Tensor:
@@ -182,7 +183,7 @@ def gemm_mma_blocks(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tens
   if not gemm_mma_blocks_applies(a, ggml_type, blocks, tile_expert):
     raise KernelRefused(f"gemm mma reads the blocks of {', '.join(GEMM_BLOCK_TYPES)} against fp16 rows of fixed shapes (grouped: tiles of "
                         f"{', '.join(map(str, GEMM_TILE_ROWS))} rows): {ggml_type} {blocks.shape}, {a.shape} {a.dtype}")
-  return _gemm(a, blocks.shape[-3], ggml_type, (blocks,), tile_expert)
+  return _gemm((a,), blocks.shape[-3], ggml_type, (blocks,), tile_expert)
 
 # the `decode_attention` and `prefill_attention` hints' choices: tinygrad's kernels (ops/attention.py), or the flash
 # kernels of decode_attention.cu (flash-decoding) and prefill_attention.cu (flash attention)

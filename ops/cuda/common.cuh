@@ -38,6 +38,29 @@ __device__ __forceinline__ void mma16832_s8(int* c, const unsigned* a, unsigned 
 }
 #endif
 
+#ifdef BN
+// a GEMM warp's sums into C [M, N] (float32, row-major): of each of its FRAGS x 4 fragments of 16 x 8 from row `row0`
+// and column `col0`, rows lane / 4 and 8 below it, columns two from (lane % 4) * 2; none past M or N
+template <int FRAGS> __device__ __forceinline__ void store_sums(float* C, const float (&acc)[FRAGS][4][4], int row0, int col0, int lane) {
+  #pragma unroll
+  for (int i = 0; i < FRAGS; i++)
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int row = row0 + i * 16 + (lane >> 2), col = col0 + j * 8 + (lane & 3) * 2;
+      #pragma unroll
+      for (int h = 0; h < 2; h++) {
+        if (row + 8 * h >= M || col >= N) continue;
+        float* out = C + (size_t)(row + 8 * h) * N + col;
+        if (N % 2 == 0) *reinterpret_cast<float2*>(out) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        else {
+          out[0] = acc[i][j][2 * h];
+          if (col + 1 < N) out[1] = acc[i][j][2 * h + 1];
+        }
+      }
+    }
+}
+#endif
+
 // the attention kernels' softmax in base 2, its -infinity (NVRTC has no math.h for INFINITY), and the soft cap (0: none)
 #define LOG2E 1.4426950408889634f
 #define NEG_INF __int_as_float(0xff800000u)

@@ -300,21 +300,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
     }
 #endif
   }
-  // each thread's sums: rows lane / 4 and 8 below it, columns two from (lane % 4) * 2, of every 16 x 8 fragment
-  #pragma unroll
-  for (int i = 0; i < MI; i++)
-    #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int row = m0 + wm + i * 16 + (lane >> 2), col = n0 + wn + j * 8 + (lane & 3) * 2;
-      #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        if (row + 8 * h >= M || col >= N) continue;
-        float* out = C + (size_t)(row + 8 * h) * N + col;
-        if (N % 2 == 0) *reinterpret_cast<float2*>(out) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        else {
-          out[0] = acc[i][j][2 * h];
-          if (col + 1 < N) out[1] = acc[i][j][2 * h + 1];
-        }
-      }
-    }
+  store_sums(C, acc, m0 + wm, n0 + wn, lane);
 }

@@ -18,6 +18,7 @@ from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_WORD_TYPES, KernelR
   flash_decode_parts, flash_prefill, flash_refusal, gemm_int8_words, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, \
   gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, latent_refusal, mma_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
+from quant.activations import q8_0_blocks
 from quant.linear import QuantExperts, QuantLinear, gemm
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -171,8 +172,11 @@ def test_a_chunks_matmul_under_mma_int8_takes_the_integer_gemm_where_it_reads_th
   assert programs(T.Q4_0, "packed_words") == ["r_gemm_int8_q4_0_40x256x512"] and programs(T.Q8_0, "packed_words") == ["r_gemm_int8_q8_0_40x256x512"]
   assert programs(T.MXFP4, "packed_words") == ["r_gemm_mma_mxfp4_40x256x512"] and programs(T.Q4_K, "packed_words") == ["r_gemm_mma_q4_k_40x256x512"]
   assert programs(T.Q4_0, "packed_dot") == ["r_gemm_mma_f16_40x256x512"]   # no words kept: fp16 weights
-  with pytest.raises(KernelRefused, match="gemm mma_int8 reads the words of Q4_0, Q8_0"):
-    gemm_int8_words(Tensor.empty(40, 512, dtype=dtypes.float16), "MXFP4", Tensor.empty(256, 16, 4, dtype=dtypes.uint32), Tensor.empty(256, 16))
+  for rows, ggml_type in (((Tensor.empty(40, 512, dtype=dtypes.int8), Tensor.empty(40, 16)), "MXFP4"),
+                          ((Tensor.empty(40, 512, dtype=dtypes.float16), Tensor.empty(40, 16)), "Q4_0"),
+                          ((Tensor.empty(40, 512, dtype=dtypes.int8), Tensor.empty(40, 8)), "Q4_0")):
+    with pytest.raises(KernelRefused, match="gemm mma_int8 reads the words of Q4_0, Q8_0 against int8 rows"):
+      gemm_int8_words(*rows, ggml_type, Tensor.empty(256, 16, 4, dtype=dtypes.uint32), Tensor.empty(256, 16))
 
 def test_a_chunks_matmul_under_mma_reads_q4_k_q6_k_and_q5_0_blocks_as_stored(rng: np.random.Generator):
   """Q4_K, Q6_K and Q5_0 have no words: under every strategy the GEMM reads their GGUF blocks itself, a weight's and an expert's."""
@@ -240,7 +244,8 @@ def test_the_int8_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m
   blocks gguf.quants dequantizes, in float64, within float32's error; the rows as given within the quantization's."""
   raw, w = _words(ggml_type, n, k, rng)
   a = rng.standard_normal((m, k)).astype(np.float16)
-  got = gemm_int8_words(Tensor(a), ggml_type.name, w.words, w.d).numpy()
+  q, d = q8_0_blocks(Tensor(a).float())
+  got = gemm_int8_words(q.cast(dtypes.int8).reshape(m, k), d.reshape(m, -1), ggml_type.name, w.words, w.d).numpy()
   weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64)
   aq, ad = q8_0_rows(a)
   quantized, exact = (rows @ weights.T for rows in (aq.astype(np.float64) * np.repeat(ad, 32, axis=1), a.astype(np.float64)))

@@ -147,7 +147,7 @@ def test_the_int8_gemm_on_the_cpu_against_float64(rng: np.random.Generator, tmp_
   m, n, k = 77, 300, 96
   raw, w = _words(ggml_type, n, k, rng)
   aq, ad = q8_0_rows(rng.standard_normal((m, k)).astype(np.float16))
-  (prg,) = _programs(gemm_int8_words(Tensor.empty(m, k, dtype=dtypes.float16), ggml_type.name, w.words, w.d))
+  (prg,) = _programs(gemm_int8_words(Tensor.empty(m, k, dtype=dtypes.int8), Tensor.empty(m, k // 32), ggml_type.name, w.words, w.d))
   got = emulate(prg, [np.zeros((m, n), np.float32), aq, ad, w.words.numpy(), w.d.numpy()], (), tmp_path)
   rows = aq.astype(np.float64) * np.repeat(ad, 32, axis=1)
   want = rows @ gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64).T
