@@ -136,7 +136,8 @@ def gemm_mma_words_applies(a: Tensor, ggml_type: str, words: Tensor, scales: Ten
 
 def _words_apply(a: Tensor, words: Tensor, scales: Tensor, tile_expert: Tensor | None) -> bool:
   lead = 0 if tile_expert is None else 1
-  return _rows_apply(a, words, tile_expert) and words.ndim == 3 + lead and words.shape[-2] * 32 == a.shape[1] and scales.shape == words.shape[:-1]
+  return (_rows_apply(a, words, tile_expert) and words.ndim == 3 + lead and words.shape[-2] * 32 == a.shape[1]
+          and scales.shape == words.shape[:-1])
 
 def _rows_apply(a: Tensor, w: Tensor, tile_expert: Tensor | None) -> bool:
   """Whether gemm_mma takes a's rows against the packed w: [M, K] of fixed shapes, in tiles of 32, 64 or 128 rows where

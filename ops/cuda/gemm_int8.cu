@@ -39,13 +39,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(float* __restrict_
 #else
   const size_t expert = 0;
 #endif
-  float acc[MI][4][4];
-  #pragma unroll
-  for (int i = 0; i < MI; i++)
-    #pragma unroll
-    for (int j = 0; j < 4; j++)
-      #pragma unroll
-      for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+  float acc[MI][4][4] = {};
 
   // one step's copies of A by cp.async: BM rows, two 16-byte chunks a row
   auto copy = [&](int stage, int step) {

@@ -112,13 +112,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
 #else
   const size_t expert = 0;
 #endif
-  float acc[MI][4][4];
-  #pragma unroll
-  for (int i = 0; i < MI; i++)
-    #pragma unroll
-    for (int j = 0; j < 4; j++)
-      #pragma unroll
-      for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+  float acc[MI][4][4] = {};
 
   // one step's copies by cp.async: BM rows of A (and 128 of fp16 W), four 16-byte chunks a row
   auto copy = [&](int stage, int step) {
