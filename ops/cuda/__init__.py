@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 from pathlib import Path
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from tinygrad import Tensor, dtypes
 from tinygrad.renderer import Estimates
 from tinygrad.uop.ops import KernelInfo, Ops, UOp, sint
@@ -84,9 +85,9 @@ def mma_refusal(device: str) -> str | None: return hint_refusal("gemm", "mma", d
 
 GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
 # the packed weights gemm_mma reads as they are stored: GGML type name -> its WEIGHTS in gemm_mma.cu (0 is fp16
-# weights), in quant/words.py's word layout, or GGUF's own blocks (type name -> its WEIGHTS, elements and bytes a block)
+# weights), in quant/words.py's word layout, or GGUF's own blocks (their sizes gguf's GGML_QUANT_SIZES)
 GEMM_WORD_TYPES = {"Q4_0": 1, "Q8_0": 2, "MXFP4": 3}
-GEMM_BLOCK_TYPES = {"Q4_K": (4, 256, 144), "Q6_K": (5, 256, 210), "Q5_0": (6, 32, 22)}
+GEMM_BLOCK_TYPES = {"Q4_K": 4, "Q6_K": 5, "Q5_0": 6}
 
 def _fixed(*ts: Tensor) -> bool: return all(isinstance(s, int) for t in ts for s in t.shape)
 
@@ -116,7 +117,7 @@ def _gemm(rows: tuple[Tensor, ...], n: int, ggml_type: str | None, w: tuple[Tens
   kind = "f16" if ggml_type is None else ggml_type.lower()
   name = f"r_gemm_{'int8' if int8 else 'mma'}_{kind}{'_grouped' if grouped else ''}_{m}x{n}x{k}"   # r_: a reduce, as tinygrad names them
   grid = (math.ceil(n / GEMM_TILE), math.ceil(m / bm), 1)
-  weights = 0 if ggml_type is None else GEMM_WORD_TYPES[ggml_type] if ggml_type in GEMM_WORD_TYPES else GEMM_BLOCK_TYPES[ggml_type][0]
+  weights = 0 if ggml_type is None else {**GEMM_WORD_TYPES, **GEMM_BLOCK_TYPES}[ggml_type]
   code = gemm_mma_source(name, m, n, k, weights, bm, grouped, "gemm_int8.cu" if int8 else "gemm_mma.cu")
   out = Tensor.empty(m, n, dtype=dtypes.float32, device=a.device)
   ins = [*rows, *w] + ([tile_expert.cast(dtypes.int32)] if grouped else [])
@@ -174,7 +175,7 @@ def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expe
   """Whether gemm_mma_blocks computes a @ W.T: a fp16 [M, K] against one matrix's GGUF blocks [N, K / elements, bytes]
   (QTensor.blocks), or with tile_expert [tiles] experts' [experts, N, ...], in tiles of 32, 64 or 128 rows."""
   if ggml_type not in GEMM_BLOCK_TYPES: return False
-  _, elements, nbytes = GEMM_BLOCK_TYPES[ggml_type]
+  elements, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
   return (a.dtype == dtypes.float16 and _rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None) and blocks.dtype == dtypes.uint8
           and blocks.shape[-1] == nbytes and blocks.shape[-2] * elements == a.shape[1])
 

@@ -199,12 +199,12 @@ def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint gemm: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
 
 @nvcc
-@pytest.mark.parametrize("file, weights", [("gemm_mma.cu", w) for w in (0, *GEMM_WORD_TYPES.values(), *(w for w, _, _ in GEMM_BLOCK_TYPES.values()))]
+@pytest.mark.parametrize("file, weights", [("gemm_mma.cu", w) for w in (0, *GEMM_WORD_TYPES.values(), *GEMM_BLOCK_TYPES.values())]
                          + [("gemm_int8.cu", GEMM_WORD_TYPES[t]) for t in GEMM_INT8_TYPES])
 @pytest.mark.parametrize("m, n, k, tile_rows, grouped", [(77, 300, 96, 128, False), (512, 3072, 2048, 128, False), (512, 3072, 2048, 64, False),
                                                          (160, 96, 64, 32, True)])
 def test_the_gemm_source_compiles_for_sm_90(tmp_path: Path, m: int, n: int, k: int, tile_rows: int, grouped: bool, file: str, weights: int):
-  if file == "gemm_mma.cu" and weights in (w for w, _, _ in GEMM_BLOCK_TYPES.values()): k = -(-k // 256) * 256   # whole super-blocks
+  if file == "gemm_mma.cu" and weights in GEMM_BLOCK_TYPES.values(): k = -(-k // 256) * 256   # whole super-blocks
   (cu := tmp_path / "k.cu").write_text(gemm_mma_source("r_gemm", m, n, k, weights, tile_rows, grouped, file))
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
                      capture_output=True, text=True, timeout=300)
