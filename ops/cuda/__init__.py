@@ -176,8 +176,8 @@ def gemm_mma_blocks_applies(a: Tensor, ggml_type: str, blocks: Tensor, tile_expe
   (QTensor.blocks), or with tile_expert [tiles] experts' [experts, N, ...], in tiles of 32, 64 or 128 rows."""
   if ggml_type not in GEMM_BLOCK_TYPES: return False
   elements, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
-  return (a.dtype == dtypes.float16 and _rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None) and blocks.dtype == dtypes.uint8
-          and blocks.shape[-1] == nbytes and blocks.shape[-2] * elements == a.shape[1])
+  return (a.dtype == dtypes.float16 and _rows_apply(a, blocks, tile_expert) and blocks.ndim == 3 + (tile_expert is not None)
+          and blocks.dtype == dtypes.uint8 and blocks.shape[-1] == nbytes and blocks.shape[-2] * elements == a.shape[1])
 
 def gemm_mma_blocks(a: Tensor, ggml_type: str, blocks: Tensor, tile_expert: Tensor | None = None) -> Tensor:
   """a [M, K] (fp16) @ W.T -> [M, N] float32, W one matrix of GGUF blocks as stored (QTensor.blocks, uint8 [N, K /
@@ -235,7 +235,7 @@ def _attention_source(file: str, name: str, q: Tensor, kv: tuple[Tensor, ...], s
   (_, hq, _, d), (_, hkv, positions, _) = q.shape, k.shape
   return source(file, name, HKV=hkv, G=hq // hkv, D=d, DV=v.shape[-1], L=positions, WINDOW=window or 0, SCALE=f"{float(scale)!r}f",
                 SOFTCAP=f"{float(softcap or 0)!r}f", SINKS=int(sinks is not None), V_OFFSET=hkv * positions * d if len(kv) == 1 else 0,
-                SEPARATE_V=int(len(kv) == 2), **more, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
+                SEPARATE_V=int(len(kv) == 2), THREADS=ATTENTION_THREADS, **more, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
 
 def _variables(start_pos: sint) -> tuple[UOp, ...]: return () if isinstance(start_pos, int) else tuple(start_pos.variables())
 
@@ -292,7 +292,7 @@ def flash_decode_latent(q: Tensor, rows: Tensor, start_pos: sint, *, scale: floa
   parts = flash_decode_parts(tiles, positions, multiprocessors(q.device))
   name = f"r_flash_latent_{h}x{d}x{v_dim}x{positions}"
   code = source("decode_latent.cu", name, H=h, D=d, DV=v_dim, L=positions, PARTS=parts, SCALE=f"{float(scale)!r}f", SINKS=0,
-                **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
+                THREADS=ATTENTION_THREADS, HT=LATENT_HEADS, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
   qs = q.reshape(h, d).cast(dtypes.float16).contiguous()
   part_sums = Tensor.empty(h, parts, v_dim + 2, dtype=dtypes.float32, device=q.device)
   part_sums = Tensor.custom_kernel(part_sums, qs, rows, fxn=program(f"{name}_parts", code, (parts, tiles, 1), (ATTENTION_THREADS, 1, 1),
@@ -308,7 +308,7 @@ def flash_prefill(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, *, scale: 
   k, v = _cache(kv)
   (_, hq, t, d), (_, hkv, positions, _), dv = q.shape, k.shape, v.shape[-1]
   name = f"r_flash_prefill_{hq}x{hkv}x{t}x{d}x{dv}x{positions}"
-  code = _attention_source("prefill_attention.cu", name, q, kv, start_pos, scale, window, sinks, softcap, T=t)
+  code = _attention_source("prefill_attention.cu", name, q, kv, start_pos, scale, window, sinks, softcap, T=t, BR=ATTENTION_TILE)
   out = Tensor.empty(hq, t, dv, dtype=dtypes.float32, device=q.device)
   ins = (q.reshape(hq, t, d).cast(dtypes.float16).contiguous(), *kv) + (() if sinks is None else (sinks.cast(dtypes.float32).contiguous(),))
   flops = 2 * hq * t * positions * (d + dv)   # as if every row saw the whole cache: an upper bound

@@ -12,12 +12,15 @@
 //     the block's four warps combined in shared memory and the part's sums written unnormalized beside their max and
 //     denominator: P [HKV * G, PARTS, DV + 2].
 //   NAME_combine (common.cuh): the parts combined, O [HKV * G, DV].
-// The host defines NAME, HKV, G, D, DV, L, PARTS, WINDOW (0: none), SCALE, SOFTCAP (0: none), SINKS, V_OFFSET and SEPARATE_V, and
-// START_POS where the position is a number rather than the decode step's variable (the kernel's last argument).
+// The host defines NAME, HKV, G, D, DV, L, PARTS, WINDOW (0: none), SCALE, SOFTCAP (0: none), SINKS, V_OFFSET, SEPARATE_V and
+// THREADS (a multiple of 32), and START_POS where the position is a number rather than the decode step's variable (the
+// kernel's last argument).
 #if D % 8 || DV % 32 || DV > 256 || G > 16
 #error "decode_attention.cu takes head sizes of whole 16-byte rows, value heads of 32 to 256 in steps of 32 and up to 16 query heads a kv head"
 #endif
-#define THREADS 128
+#if THREADS % 32
+#error "decode_attention.cu takes whole warps"
+#endif
 #define WARPS (THREADS / 32)
 #define BATCH 8          // 16-byte loads a lane issues before it sums them
 #define CHUNKS (DV / 8)  // 16-byte pieces of a value row

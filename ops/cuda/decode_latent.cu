@@ -9,13 +9,15 @@
 //     quarter of the value columns, read from the same rows. The part's sums are written unnormalized beside their max
 //     and denominator: P [H, PARTS, DV + 2].
 //   NAME_combine (common.cuh): the parts combined, O [H, DV].
-// The host defines NAME, H, D, DV, L, PARTS, SCALE, SINKS (0) and START_POS where the position is a number rather than the
-// decode step's variable (the kernel's last argument).
+// The host defines NAME, H, D, DV, L, PARTS, SCALE, SINKS (0), the launch this code is written for (THREADS, and HT heads a
+// block: an mma tile's rows), which it checks, and START_POS where the position is a number rather than the decode step's
+// variable (the kernel's last argument).
 #if D % 16 || DV % 64 || DV > D || DV > 512 || D > 640
 #error "decode_latent.cu takes rows of 16 to 640 halfs in steps of 16 and up to 512 value columns in steps of 64"
 #endif
-#define THREADS 128
-#define HT 16                 // heads a block: an mma tile's rows
+#if THREADS != 128 || HT != 16
+#error "decode_latent.cu is written for blocks of 128 threads and 16 heads"
+#endif
 #define BC 16                 // positions a tile
 #define LDR (D + 8)           // a shared row's halfs: rows 16 bytes apart in banks, so ldmatrix's eight rows meet no bank twice
 #define LDP (BC + 8)

@@ -10,13 +10,15 @@
 // the values by mma.sync again. At the end each row's sums over its denominator (a sink's logit added, SINKS): O
 // [HKV * G, T, DV] float32.
 // The host defines NAME, HKV, G, D, DV, L, T, WINDOW (0: none), SCALE, SOFTCAP (0: none), SINKS, V_OFFSET and
-// SEPARATE_V, and START_POS where the position is a number rather than the chunk's variable (the kernel's last argument).
+// SEPARATE_V, the launch this code is written for (THREADS, four warps of 16 rows: BR query rows a block), which it checks,
+// and START_POS where the position is a number rather than the chunk's variable (the kernel's last argument).
 #if D % 16 || DV % 16 || D > 128 || DV > 128
 #error "prefill_attention.cu takes key and value heads of 16 to 128 in steps of 16"
 #endif
-#define BR 64            // query rows a block
+#if THREADS != 128 || BR != 64
+#error "prefill_attention.cu is written for blocks of 128 threads and 64 query rows"
+#endif
 #define BC 64            // key positions a tile
-#define THREADS 128      // four warps of 16 rows
 #define LDK (D + 8)      // a shared key row's halfs: rows 16 bytes apart in banks, so ldmatrix's eight rows meet no bank twice
 #define LDV (DV + 8)
 
