@@ -14,7 +14,7 @@ from quant.linear import gemm_dtype
 from quant.qtensor import QTensor
 from models.config import ModelConfig
 from models.weights import Weights
-from profiles.hints import Hints
+from profiles.hints import Hints, half_cache
 
 def normed_input(x: Tensor, weight: Tensor, eps: float, mode: str) -> Tensor | NormedInput:
   """The RMS norm a matmul reads, by the `norm` hint. fused: the matmul computes the normalization inside, a kernel of
@@ -140,7 +140,7 @@ class Attention:
 def kv_cache_dtype(hints: Hints) -> DType:
   """The KV cache's type: fp16 with the hint kv_cache=half or under ggml rounding (as llama.cpp's default cache; attention
   then rounds q to fp16), else float32."""
-  return dtypes.float16 if hints.kv_cache == "half" or hints.rounding == "ggml" else dtypes.float32
+  return dtypes.float16 if half_cache(hints.values) else dtypes.float32
 
 def sliding_layers(pattern: int | list, n_layers: int) -> list[bool]:
   """`attention.sliding_window_pattern` as llama.cpp reads it: one flag per layer, or a period whose last layer attends

@@ -121,10 +121,14 @@ def _half_cache_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[
   if not _tensor_core_gpu(m): return None
   return "half", f"compute capability {m.compute_capability}: the flash attention kernels read an fp16 cache, half the bytes"
 
+def half_cache(values: Mapping[str, Any]) -> bool:
+  """Whether these hint values make the KV cache fp16: kv_cache half, or ggml rounding (as llama.cpp's default cache)."""
+  return values["kv_cache"] == "half" or values["rounding"] == "ggml"
+
 def flash_cache(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> str | None:
   """Why the cache these hint values make is not what the flash kernels read (fp16, a cache of heads), in one line; None
   where it is."""
-  if values["kv_layout"] == "heads" and (values["kv_cache"] == "half" or values["rounding"] == "ggml"): return None
+  if values["kv_layout"] == "heads" and half_cache(values): return None
   src = lambda n: f" ({sources[n]})" if sources else ""
   return (f"flash reads an fp16 cache of heads (kv_cache half, kv_layout heads), not kv_cache {values['kv_cache']}{src('kv_cache')}, "
           f"kv_layout {values['kv_layout']}{src('kv_layout')}")

@@ -81,8 +81,6 @@ def hint_refusal(hint: str, value: object, device: str) -> str | None:
   """Why a hint's value cannot run on `device` (a hand-written kernel off a CUDA GPU), in one line; None where it can."""
   return refusal(f"{hint} {value}", device) if value in HAND_WRITTEN.get(hint, ()) else None
 
-def mma_refusal(device: str) -> str | None: return hint_refusal("gemm", "mma", device)
-
 GEMM_TILE, GEMM_K_STEP, GEMM_THREADS = 128, 32, 256
 # the packed weights gemm_mma reads as they are stored: GGML type name -> its WEIGHTS in gemm_mma.cu (0 is fp16
 # weights), in quant/words.py's word layout, or GGUF's own blocks (their sizes gguf's GGML_QUANT_SIZES)

@@ -1,5 +1,5 @@
 // C[M, N] (float32) = A[M, K] . W[N, K]^T in integers, as llama.cpp's MMQ: A's rows quantized to int8 in blocks of 32
-// (Aq [M, K] int8, Ad [M, K / 32] float32: A ~ Ad * Aq, ops/cuda quantize_rows) against the words of a 32-element block
+// (Aq [M, K] int8, Ad [M, K / 32] float32: A ~ Ad * Aq, as the caller quantizes them) against the words of a 32-element block
 // format (quant/words.py: WEIGHTS 1 Q4_0, its quants less 8; 2 Q8_0) and their fp16 scales. A block's products are one
 // mma.sync m16n8k32 (int8 in, int32 sums), then scaled by the two blocks' scales into float32 sums. GROUPED 1: a MoE's
 // expert words [experts, N, ...] against a chunk's rows sorted into tiles of BM rows that share an expert, E[tile] each
@@ -20,7 +20,7 @@
 // that the eight rows ldmatrix reads at one chunk meet no bank twice (in bytes)
 __device__ __forceinline__ int at(int r, int c) { return r * BK + ((c ^ ((r >> 2) & 1)) << 4); }
 
-// two blocks an SM: ptxas keeps every sum in registers so, where left to itself it spills at 128-row tiles
+// two blocks an SM: so bounded, ptxas keeps every sum of a 128-row tile in registers; left to itself it spills some
 extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(float* __restrict__ C, const signed char* __restrict__ Aq,
                                                          const float* __restrict__ Ad, const unsigned* __restrict__ Wq,
                                                          const half* __restrict__ Wd

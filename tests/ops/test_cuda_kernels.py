@@ -16,7 +16,7 @@ import ops.cuda as ops_cuda
 from ops.attention import attention, cache_positions
 from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, \
   flash_decode_parts, flash_prefill, flash_refusal, gemm_int8_words, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, \
-  gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, latent_refusal, mma_refusal, multiprocessors, source
+  gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, hint_refusal, latent_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
 from quant.activations import q8_0_blocks
 from quant.linear import QuantExperts, QuantLinear, gemm
@@ -24,7 +24,7 @@ from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
 from quant.words import WordBlocks
 
-on_gpu = pytest.mark.skipif(Device.DEFAULT != "CUDA" or mma_refusal("CUDA") is not None, reason="runs gemm_mma on a CUDA GPU")
+on_gpu = pytest.mark.skipif(Device.DEFAULT != "CUDA" or hint_refusal("gemm", "mma", "CUDA") is not None, reason="runs gemm_mma on a CUDA GPU")
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiles the CUDA sources with nvcc")
 
 def _program_of(out: Tensor) -> UOp:
@@ -193,7 +193,7 @@ def test_a_chunks_matmul_under_mma_reads_q4_k_q6_k_and_q5_0_blocks_as_stored(rng
 
 def test_the_gemm_hint_is_refused_off_a_cuda_gpu(capsys):
   from tinyzoo.cli import main
-  assert mma_refusal("CPU") == "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
+  assert hint_refusal("gemm", "mma", "CPU") == "gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
   if Device.DEFAULT == "CUDA": return
   assert main(["bench", "llama3.2-1b-tiny", "--gemm", "mma", "--no-journal", "--no-peer", "-r", "1"]) == 1
   assert capsys.readouterr().err.strip() == "tinyzoo: error: hint gemm: gemm mma runs on CUDA GPUs (tinygrad's CUDA backend), not CPU"
