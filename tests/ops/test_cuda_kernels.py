@@ -240,14 +240,18 @@ def test_the_words_gemm_against_float64(rng: np.random.Generator, ggml_type: T, 
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0])
 @pytest.mark.parametrize("m, n, k", [(77, 300, 96), (512, 2048, 2048), (300, 1000, 4096), (1, 256, 64)])
 def test_the_int8_gemm_against_float64(rng: np.random.Generator, ggml_type: T, m: int, n: int, k: int):
-  """The rows quantized to 8 bits on the GPU, then their integer products with the words: the quantized rows against the
-  blocks gguf.quants dequantizes, in float64, within float32's error; the rows as given within the quantization's."""
+  """The rows quantized to 8 bits on the GPU, then their integer products with the words: the rows as quantized (the
+  kernel's own inputs) against the blocks gguf.quants dequantizes, in float64, within float32's error; the rows as given
+  within the quantization's. The GPU's quants are numpy's, or one step off where its reciprocal rounds a near-tie the
+  other way."""
   raw, w = _words(ggml_type, n, k, rng)
   a = rng.standard_normal((m, k)).astype(np.float16)
-  q, d = q8_0_blocks(Tensor(a).float())
+  q, d = (t.realize() for t in q8_0_blocks(Tensor(a).float()))
   got = gemm_int8_words(q.cast(dtypes.int8).reshape(m, k), d.reshape(m, -1), ggml_type.name, w.words, w.d).numpy()
+  aq, ad = q.numpy().reshape(m, k), d.numpy().reshape(m, -1)
+  want_q, want_d = q8_0_rows(a)
+  assert np.abs(aq - want_q).max() <= 1 and np.array_equal(ad, want_d)
   weights = gguf_quants.dequantize(raw, ggml_type).reshape(n, k).astype(np.float64)
-  aq, ad = q8_0_rows(a)
   quantized, exact = (rows @ weights.T for rows in (aq.astype(np.float64) * np.repeat(ad, 32, axis=1), a.astype(np.float64)))
   scale = np.abs(exact).max()
   assert got.shape == (m, n) and np.abs(got - quantized).max() <= 1e-5 * scale and np.abs(got - exact).max() <= 2e-2 * scale
