@@ -128,9 +128,9 @@ def _grouped(g: GGUFFile, shape: GemmShape, x: np.ndarray, kernel: str, strategy
   experts = QuantExperts(_load(g, shape), strategy=strategy, prefill="half", gemm_kernel=kernel)
   w, row, held, tile_expert = _float64_weights(g, shape), groups.row.numpy(), groups.held.numpy(), groups.tile_expert.numpy()
   rows64, want = x.astype(np.float64)[row], np.zeros((row.shape[0], shape.n))
-  for t, e in enumerate(tile_expert):   # a tile's rows through its one expert
+  for t, e in enumerate(tile_expert):   # a tile's rows through its one expert (none for an empty tile: zeros)
     tile = slice(t * groups.tile, (t + 1) * groups.tile)
-    want[tile] = rows64[tile] @ w[e].T
+    if e >= 0: want[tile] = rows64[tile] @ w[e].T
   want *= held[:, None]
   step = lambda xt: experts.grouped(xt[groups.row], groups) * groups.held.unsqueeze(-1)
   return step, Tensor(x).realize(), want, 2 * x.shape[0] * used * shape.n * shape.k

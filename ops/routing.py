@@ -56,7 +56,8 @@ class ExpertGroups:
   """A prompt chunk's choices (a row and one of its k experts) sorted by expert into slots, each expert's run of slots
   padded to whole tiles of `tile`, so that every tile belongs to one expert: `slot` [rows * k] is each choice's slot,
   `row` [slots] the row a slot holds and `held` [slots] whether it holds one (padding does not), `tile_expert`
-  [slots // tile] each tile's expert (the last expert for tiles past every run)."""
+  [slots // tile] each tile's expert, -1 for tiles past every run (slots are counted for the most padding any choices
+  can need, so most chunks leave some tiles empty, which a GEMM can skip)."""
   slot: Tensor
   row: Tensor
   held: Tensor
@@ -67,8 +68,8 @@ class ExpertGroups:
 
   @property
   def slot_experts(self) -> Tensor:
-    """Each slot's expert (its tile's), [slots // tile, tile]."""
-    return self.tile_expert.unsqueeze(-1).expand(-1, self.tile)
+    """Each slot's expert (its tile's; expert 0 for the empty tiles, whose rows are zeros), [slots // tile, tile]."""
+    return self.tile_expert.maximum(0).unsqueeze(-1).expand(-1, self.tile)
 
   @staticmethod
   def of(sel: Tensor, n_experts: int, tile: int) -> "ExpertGroups":
@@ -82,7 +83,8 @@ class ExpertGroups:
     slot = (end - padded)[expert] + earlier_same.sum(-1)
     slots = -(-(n + min(n, n_experts) * (tile - 1)) // tile) * tile
     holds = slot.unsqueeze(0) == Tensor.arange(slots).unsqueeze(1)   # [slot, choice]
-    tile_expert = (end.unsqueeze(0) <= Tensor.arange(0, slots, tile).unsqueeze(1)).sum(-1).minimum(n_experts - 1)
+    tile_expert = (end.unsqueeze(0) <= Tensor.arange(0, slots, tile).unsqueeze(1)).sum(-1)
+    tile_expert = (tile_expert < n_experts).where(tile_expert, -1)
     return ExpertGroups(slot, holds.where(i.unsqueeze(0) // k, 0).sum(-1), holds.any(-1), tile_expert)
 
   def rows(self, x: Tensor) -> Tensor:

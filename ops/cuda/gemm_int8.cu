@@ -40,6 +40,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) NAME(float* __restrict_
   const size_t expert = 0;
 #endif
   float acc[MI][4][4] = {};
+#if GROUPED
+  if (E[blockIdx.y] < 0) { store_sums(C, acc, m0 + wm, n0 + wn, lane); return; }   // a tile past every run: zeros
+#endif
 
   // one step's copies of A by cp.async: BM rows, two 16-byte chunks a row
   auto copy = [&](int stage, int step) {

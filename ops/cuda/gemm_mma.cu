@@ -6,7 +6,7 @@
 // they are (WEIGHTS 6: 22 bytes a 32 elements, 2-byte aligned: d, the quants' fifth bits, their low 4), dequantized to
 // fp16 on their way into shared memory, so that no pass of its own writes the weights out in fp16 first. GROUPED 1: a
 // MoE's expert weights [experts, N, ...] against a chunk's rows sorted into tiles of BM rows that share an expert
-// (ops/routing.py ExpertGroups), E[tile] each tile's expert: a block reads its tile's expert alone.
+// (ops/routing.py ExpertGroups), E[tile] each tile's expert: a block reads its tile's expert alone (E -1: an empty tile, zeros).
 // A block of 256 threads computes a BM x 128 tile of C (BM 128, or 64 where 128-row tiles leave SMs idle; grouped, the
 // expert tile's 32, 64 or 128), eight warps of
 // BM/2 x 32 each, over K in steps of 32 (one quant block): A's tiles (and fp16 W's) copied to shared memory by cp.async
@@ -113,6 +113,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(float* __restrict__ C
   const size_t expert = 0;
 #endif
   float acc[MI][4][4] = {};
+#if GROUPED
+  if (E[blockIdx.y] < 0) { store_sums(C, acc, m0 + wm, n0 + wn, lane); return; }   // a tile past every run: zeros
+#endif
 
   // one step's copies by cp.async: BM rows of A (and 128 of fp16 W), four 16-byte chunks a row
   auto copy = [&](int stage, int step) {

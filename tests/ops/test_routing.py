@@ -60,13 +60,16 @@ def test_routing_weights_cost_few_kernels(rng, case: str, kernels: int):
 
 @pytest.mark.parametrize("experts,k,rows,tile", [(8, 2, 5, 4), (64, 6, 37, 8), (4, 3, 16, 16), (32, 4, 1, 32)])
 def test_expert_groups_sort_each_choice_into_a_tile_of_its_expert(experts: int, k: int, rows: int, tile: int, rng):
-  """Every choice gets a slot of its own, in a tile of its expert, holding its row; the rows come out in slot order with
+  """Every choice gets a slot of its own, in a tile of its expert, holding its row; the tiles past
+  every run are marked empty (-1); the rows come out in slot order with
   zeros in the padding, and combine gives each row its choices' outputs summed with its weights."""
   sel = np.stack([rng.choice(experts, k, replace=False) for _ in range(rows)]).astype(np.int32)
   g = ExpertGroups.of(Tensor(sel), experts, tile)
   slot, row, held, tile_expert = (t.numpy() for t in (g.slot, g.row, g.held, g.tile_expert))
   assert g.tile == tile and len(set(slot.tolist())) == rows * k and held.sum() == rows * k
   assert all(held[s] and row[s] == c // k and tile_expert[s // tile] == sel.flat[c] for c, s in enumerate(slot))
+  live = sum(-(-int((sel == e).sum()) // tile) for e in range(experts))   # the tiles the runs fill; the rest are empty
+  assert (tile_expert[:live] >= 0).all() and (tile_expert[live:] == -1).all() and not held[live * tile:].any()
   x = rng.standard_normal((rows, 3)).astype(np.float32)
   gathered = g.rows(Tensor(x)).numpy()
   np.testing.assert_array_equal(gathered[held], x[row[held]])
