@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from tinygrad import Device
 from tinygrad.helpers import BEAM, JIT_BATCH_SIZE
-from ops.cuda import ATTENTIONS, CACHE_READERS, GEMMS, MIN_CAPABILITY
+from ops.cuda import ATTENTIONS, CACHE_READERS, GEMM_TILE_ROWS, GEMMS, MIN_CAPABILITY
 from ops.attention import CHUNK, LAYOUTS as KV_LAYOUTS, SOFTMAXES, VARIANTS as ATTENTION_VARIANTS
 from ops.mla import PREFILL_FORMS as MLA_PREFILL_FORMS
 from ops.norm import NORMS
@@ -75,6 +75,8 @@ def _components(v: Any) -> tuple[str, ...]:
 # reason, or None where the default stands
 Rule = Callable[[Machine, Shapes | None], tuple[Any, str] | None]
 
+GPU_PREFILL_CHUNK = 512   # a GPU's prompt chunk by default (prefill_chunk)
+
 VNNI = ("avx512_vnni", "avx_vnni")   # quant/int8_cpu.py's paths of a dot-product instruction (AVX2's takes two)
 
 def _int8_where_cpu_dots(m: Machine, shapes: Shapes | None) -> tuple[str, str] | None:
@@ -120,6 +122,17 @@ def _half_cache_on_tensor_core_gpus(m: Machine, shapes: Shapes | None) -> tuple[
   """An fp16 KV cache on such a GPU, as llama.cpp's default: the flash kernels read one, and it halves what attention reads."""
   if not _tensor_core_gpu(m): return None
   return "half", f"compute capability {m.compute_capability}: the flash attention kernels read an fp16 cache, half the bytes"
+
+def _expert_tiles_of_the_chunks_rows(m: Machine, shapes: Shapes | None) -> tuple[int, str] | None:
+  """On a GPU that runs gemm_mma, a MoE's expert tile of the rows a GPU's chunk gives each expert on average (the
+  largest of gemm_mma's tile rows not above it, at least the smallest): a 128-row tile decodes each weight block once for
+  four times the rows a 32-row one does, which outweighs the padding of the experts' last tiles where they get that
+  many rows (the empty tiles past every run cost only their zeros)."""
+  if not _tensor_core_gpu(m) or shapes is None or not shapes.experts or not shapes.experts_used: return None
+  rows = GPU_PREFILL_CHUNK * shapes.experts_used / shapes.experts
+  tile = max([t for t in GEMM_TILE_ROWS if t <= rows] or [min(GEMM_TILE_ROWS)])
+  return tile, (f"a {GPU_PREFILL_CHUNK}-token chunk gives each of {shapes.experts} experts {rows:g} rows on average "
+                f"({shapes.experts_used} a token): tiles of {tile}")
 
 def half_cache(values: Mapping[str, Any]) -> bool:
   """Whether these hint values make the KV cache fp16: kv_cache half, or ggml rounding (as llama.cpp's default cache)."""
@@ -200,7 +213,7 @@ HINTS: dict[str, Hint] = {
                   "dequantized to fp16 once per chunk, then a GEMM of fp16 inputs summed in fp32: tensor cores on a GPU; F32 weights such "
                   "as routers in fp32) or "
                   "float (the same in fp32; default half on a GPU, float on the CPU)", PREFILL_MATMULS),
-  "prefill_chunk": Hint(lambda: 128 if _on_cpu() else 512, _positive, "prompt tokens run through the model at once; a prompt's "
+  "prefill_chunk": Hint(lambda: 128 if _on_cpu() else GPU_PREFILL_CHUNK, _positive, "prompt tokens run through the model at once; a prompt's "
                         "last partial chunk is padded to a whole one, so one capture serves every length (default 512 on a GPU, "
                         "128 on the CPU, where the padding of a short prompt costs most)", metavar="N"),
   "prefill_steps": Hint(8, _count, "prompts of at most N tokens run as N decode steps instead of a padded prefill chunk: a "
@@ -210,7 +223,8 @@ HINTS: dict[str, Hint] = {
   "expert_tile": Hint(lambda: 8 if _on_cpu() else 32, _positive, "rows of a prompt chunk's MoE GEMM that share an expert: the "
                       "chunk's choices are sorted by expert, each expert's padded to whole tiles, and each tile reads its "
                       "expert's weights once (default 32 on a GPU, 8 on the CPU; smaller tiles pad less and read the weights "
-                      "more often)", metavar="N"),
+                      "more often); by rule, on a GPU that runs gemm mma, the largest of its tiles (32, 64, 128) not above the "
+                      "rows a chunk gives each expert on average", metavar="N", rule=_expert_tiles_of_the_chunks_rows),
   "mla_v_cache": Hint(False, _bool, "latent attention (DeepSeek-style MLA) keeps its values in a cache of their own, the latent "
                       "written there beside the key rows (off: the values are the key rows' first kv_lora_rank columns, as llama.cpp "
                       "reads them)"),

@@ -52,6 +52,8 @@ class Shapes:
   architecture: str
   n_heads: int
   kv_width: int          # the elements of keys and values one position holds in the cache, every kv head's
+  experts: int = 0       # a MoE's experts (0: dense), and those each token takes
+  experts_used: int = 0
 
   @staticmethod
   def of(g: GGUFFile) -> "Shapes | None":
@@ -65,4 +67,4 @@ class Shapes:
     key_dim = opt("attention.key_length", dim // n_heads)
     if isinstance(latent := opt("attention.kv_lora_rank"), int): width = latent + opt("rope.dimension_count", key_dim)
     else: width = opt("attention.head_count_kv", n_heads) * (key_dim + opt("attention.value_length", key_dim))
-    return Shapes(arch, n_heads, width)
+    return Shapes(arch, n_heads, width, opt("expert_count", 0), opt("expert_used_count", 0))

@@ -18,7 +18,7 @@ def preset_shapes(name: str) -> Shapes:
   """A real model's shapes from its synthetic preset's definition (models/synth.py), no file written."""
   p = PRESETS[name]
   width = p.mla.kv_lora_rank + p.mla.rope_dim if p.mla else p.n_kv_heads * 2 * p.head_dim
-  return Shapes(p.arch, p.n_heads, width)
+  return Shapes(p.arch, p.n_heads, width, *((p.moe.n_experts, p.moe.n_used) if p.moe else ()))
 
 def test_a_rules_value_is_named_heuristic_with_its_reason():
   h = resolve(machine=H200, shapes=preset_shapes("qwen3-0.6b"))
@@ -40,6 +40,18 @@ def test_a_tensor_core_gpu_takes_the_hand_written_gemm():
   assert (resolve(machine=H200).gemm, resolve(machine=H200).sources["gemm"]) == ("mma", "heuristic")
   assert "compute capability 9.0" in resolve(machine=H200, shapes=preset_shapes("llama3.2-1b")).reasons["gemm"]
   assert resolve(machine=Machine("CUDA", compute_capability="7.5")).gemm == resolve(machine=VNNI).gemm == resolve().gemm == "tinygrad"
+
+@pytest.mark.parametrize("name, tile", [("mixtral-8x7b", 128), ("gpt-oss-20b", 64), ("deepseek-v2-lite", 32), ("glm-4.7-flash", 32)])
+def test_a_moes_expert_tile_holds_the_rows_a_chunk_gives_an_expert(name: str, tile: int):
+  """On a GPU that runs gemm_mma, a MoE's tile is the largest of the kernel's tile rows not above a 512-row chunk's rows an
+  expert (mixtral: 512 x 2 / 8 = 128; deepseek: 48, the smallest tile below it); a dense model, or the CPU, keeps the
+  default; a file's own metadata gives the same."""
+  h = resolve(machine=H200, shapes=preset_shapes(name))
+  assert (h.expert_tile, h.sources["expert_tile"]) == (tile, "heuristic") and f"tiles of {tile}" in h.reasons["expert_tile"]
+  assert resolve(machine=H200, shapes=preset_shapes("llama3.2-1b")).sources["expert_tile"] == "default"
+  assert resolve(machine=VNNI, shapes=preset_shapes(name)).expert_tile == 8
+  shapes = Shapes.of(GGUFFile(synthesized("mixtral-8x7b-tiny")))
+  assert (shapes.experts, shapes.experts_used) == (4, 2) and resolve(machine=H200, shapes=shapes).expert_tile == 128   # 256 rows
 
 def test_a_tensor_core_gpu_takes_the_flash_attention_kernels_over_an_fp16_cache():
   """decode_attention and prefill_attention flash and kv_cache half where mma.sync runs; a flash kernel the rule chose
