@@ -21,7 +21,7 @@ from models.moe import MoE, MoEConfig
 from models.spec import TensorDef
 from models.weights import Weights
 from ops.activations import swiglu
-from ops.cuda import flash_decode_latent, latent_refusal
+from ops.cuda import flash_latent, latent_refusal
 from ops.mla import LatentCache, expanded_attention, expanded_cheaper, mla_attention
 from ops.norm import NormedInput, rms_norm
 from ops.rope import Yarn, apply_rope, rope_tables
@@ -108,7 +108,7 @@ class MLAttention:
     self.cache = LatentCache(1, max_context, r, mla.rope_dim, dtype=kv_cache_dtype(w.hints), device=w.device, per_part=max(1, w.hints.split_kv),
                              values=w.hints.mla_v_cache)
     self.split, self.weights_break, self.upcast = w.hints.split_kv, w.hints.weights_break, w.hints.casts == "keep"
-    self.decode_kernel = w.hints.decode_attention
+    self.decode_kernel, self.prefill_kernel = w.hints.decode_attention, w.hints.prefill_attention
     w.label(f"{prefix}.kv_cache", "cache", self.cache.rows)
     if self.cache.v is not None: w.label(f"{prefix}.v_cache", "cache", self.cache.v)
 
@@ -130,7 +130,7 @@ class MLAttention:
     else:
       q_lat = self.k_b(q[..., :m.nope_dim]).transpose(1, 2)   # per head [B, T, H, nope] -> [B, H, T, r]
       if self._flash(q_abs := q_lat.cat(q_pe.cast(q_lat.dtype), dim=-1), rows, start_pos):
-        latent_out = flash_decode_latent(q_abs, rows, start_pos, scale=self.scale, v_dim=m.kv_lora_rank)
+        latent_out = flash_latent(q_abs, rows, start_pos, scale=self.scale, v_dim=m.kv_lora_rank)
       else:
         latent_out = mla_attention(q_lat, q_pe, rows, values, start_pos, scale=self.scale, variant=self.variant, chunk_dtype=self.chunk_dtype,
                                    split=self.split, softmax=self.softmax, weights_break=self.weights_break, upcast=self.upcast)
@@ -138,15 +138,20 @@ class MLAttention:
     return self.o(out.reshape(B, T, c.n_heads * m.v_dim))
 
   def _flash(self, q: Tensor, rows: Tensor, start_pos: sint) -> bool:
-    """Whether this step's attention is ops/cuda's flash decoding of the latent cache: a decode step (q [B, H, 1, r +
-    d_rope]) under the hint decode_attention flash, the values read from the cache rows (no value cache of their own),
-    where the kernel takes it."""
-    return self.decode_kernel == "flash" and self.cache.v is None and latent_refusal(q, rows, start_pos, self.mla.kv_lora_rank) is None
+    """Whether this step's absorbed attention (q [B, H, T, r + d_rope]) is ops/cuda's flash attention of the latent cache:
+    under the step's hint (decode_attention for one query row, prefill_attention for a chunk's) flash, the values read
+    from the cache rows (no value cache of their own), where the kernel takes it."""
+    kernel = self.decode_kernel if q.shape[2] == 1 else self.prefill_kernel
+    return kernel == "flash" and self.cache.v is None and latent_refusal(q, rows, start_pos, self.mla.kv_lora_rank) is None
 
   def prefill_form(self, rows: int) -> str:
-    """The form of a step of `rows` query rows: absorbed for one (a decode step), else the hint's, by default the cheaper."""
+    """The form of a step of `rows` query rows: absorbed for one (a decode step), else the hint's; by default absorbed
+    where the flash kernel takes the chunk (it reads each cache row once for all the chunk's rows of a tile and keeps
+    no score tensor in memory), else the form of fewer multiplications."""
     if rows == 1: return "absorbed"
     if self.form != "auto": return self.form
+    q = Tensor.empty(1, self.cfg.n_heads, rows, self.cache.rows.shape[-1])
+    if self._flash(q, self.cache.rows, 0): return "absorbed"
     return "expanded" if expanded_cheaper(rows, self.mla.kv_lora_rank, self.mla.nope_dim, self.mla.v_dim) else "absorbed"
 
   def _expand(self, c: Tensor) -> tuple[Tensor, Tensor]:

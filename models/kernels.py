@@ -41,12 +41,12 @@ def _attention(g: GGUFFile, hints: Hints, rows: int) -> str:
   return "every layer" if why is None else f"tinygrad's: {why}"
 
 def _latent(g: GGUFFile, cfg: ModelConfig, hints: Hints, rows: int) -> str:
-  if rows != 1: return "tinygrad's: a latent attention (MLA) cache"
   if hints.mla_v_cache: return "tinygrad's: the latent cache's values in a cache of their own (mla_v_cache)"
+  if rows != 1 and hints.mla_prefill == "expanded": return "tinygrad's: the chunk's latent attention expanded to every head (mla_prefill)"
   mla = MLAConfig.from_gguf(g)
   d = mla.kv_lora_rank + mla.rope_dim
-  why = latent_refusal(Tensor.empty(1, cfg.n_heads, 1, d), Tensor.empty(1, 64, d, dtype=dtypes.float16), 0, mla.kv_lora_rank)
-  return "every layer, from the latent cache" if why is None else f"tinygrad's: {why}"
+  why = latent_refusal(Tensor.empty(1, cfg.n_heads, rows, d), Tensor.empty(1, 64, d, dtype=dtypes.float16), 0, mla.kv_lora_rank)
+  return "every layer, from the latent cache (absorbed)" if why is None else f"tinygrad's: {why}"
 
 def hand_written(g: GGUFFile, hints: Hints, device: str) -> list[tuple[str, str]]:
   """(hint and value, what its kernel takes of this model on `device`) for each hint whose value is a hand-written kernel."""

@@ -235,14 +235,16 @@ HINTS: dict[str, Hint] = {
   "decode_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a decode step's attention over an fp16 cache of "
                               "heads (kv_cache half, kv_layout heads): tinygrad's (attention, split_kv, softmax), or flash "
                               "(ops/cuda/decode_attention.cu: flash-decoding, the positions split into parts whose blocks each read "
-                              "a kv head once for its query heads, then their combine; over a latent (MLA) cache decode_latent.cu, "
+                              "a kv head once for its query heads, then their combine; over a latent (MLA) cache latent_attention.cu, "
                               "its heads the rows of mma.sync tiles; CUDA GPUs); another step, tinygrad's; by rule flash on a CUDA "
                               "GPU of compute capability 8.0 and later, unless a source above the rule makes the cache another",
                               rule=_flash_on_tensor_core_gpus),
   "prefill_attention": _choice("tinygrad", ATTENTIONS, "which kernels compute a prompt chunk's attention over an fp16 cache of heads "
                                "(kv_cache half, kv_layout heads): tinygrad's (logits and value sums as GEMMs over the chunks read), "
                                "or flash (ops/cuda/prefill_attention.cu: one tiled kernel, online softmax, no score tensor in "
-                               "memory; heads of up to 128; CUDA GPUs); other heads, tinygrad's; by rule as decode_attention",
+                               "memory; heads of up to 128; CUDA GPUs; over a latent (MLA) cache latent_attention.cu, the chunk's "
+                               "rows of every head in its mma.sync tiles, the absorbed form); other heads, tinygrad's; by rule as "
+                               "decode_attention",
                                rule=_flash_on_tensor_core_gpus),
   "gemm": _choice("tinygrad", GEMMS, "which kernel computes a prompt chunk's GEMMs of fp16 inputs (prefill half; dense "
                   "matmuls and a MoE's experts grouped by tile): tinygrad's generated one, or mma (ops/cuda/gemm_mma.cu: "

@@ -263,39 +263,40 @@ def _combine(name: str, code: str, part_sums: Tensor, sinks: Tensor | None) -> T
   ins = (part_sums,) + (() if sinks is None else (sinks.cast(dtypes.float32).contiguous(),))
   return Tensor.custom_kernel(out, *ins, fxn=program(f"{name}_combine", code, (hq, 1, 1), (dv, 1, 1)))[0].reshape(1, hq, 1, dv)
 
-LATENT_HEADS = 16   # decode_latent.cu's heads a block
+LATENT_ROWS = 16   # latent_attention.cu's query rows a block
 
 def latent_refusal(q: Tensor, rows: Tensor, start_pos: sint, v_dim: int) -> str | None:
-  """Why flash_decode_latent cannot take this latent attention, in one line; None where it can: one query row q [1, H, 1,
-  D] of one sequence against an fp16 latent cache rows [1, L, D] whose first v_dim columns are the values, D of 16 to 640
-  in steps of 16 and v_dim up to 512 in steps of 64, a position that is a number or one variable."""
-  if q.ndim != 4 or q.shape[0] != 1 or q.shape[2] != 1: return f"flash decoding of a latent cache takes one query row of one sequence, not q of {q.shape}"
-  if rows.dtype != dtypes.float16: return f"flash decoding of a latent cache reads an fp16 cache, not {rows.dtype.name}"
+  """Why flash_latent cannot take this latent attention, in one line; None where it can: query rows q [1, H, T, D] of one
+  sequence against an fp16 latent cache rows [1, L, D] whose first v_dim columns are the values, D of 16 to 640 in steps
+  of 16 and v_dim up to 512 in steps of 64, a position that is a number or one variable."""
+  if q.ndim != 4 or q.shape[0] != 1: return f"flash attention of a latent cache takes query rows of one sequence, not q of {q.shape}"
+  if rows.dtype != dtypes.float16: return f"flash attention of a latent cache reads an fp16 cache, not {rows.dtype.name}"
   if not _fixed(q, rows) or rows.ndim != 3 or rows.shape[0] != 1 or rows.shape[2] != q.shape[3]:
-    return f"flash decoding of a latent cache reads rows [1, L, D] of q's D, not {rows.shape} for q of {q.shape}"
+    return f"flash attention of a latent cache reads rows [1, L, D] of q's D, not {rows.shape} for q of {q.shape}"
   d = q.shape[3]
   if d % 16 or d > 640 or v_dim % 64 or v_dim > min(d, 512):
-    return f"flash decoding of a latent cache takes rows of 16 to 640 in steps of 16 and up to 512 value columns in steps of 64, not {d} and {v_dim}"
-  if not isinstance(start_pos, int) and len(start_pos.variables()) != 1: return "flash decoding of a latent cache takes a position of one variable"
+    return f"flash attention of a latent cache takes rows of 16 to 640 in steps of 16 and up to 512 value columns in steps of 64, not {d} and {v_dim}"
+  if not isinstance(start_pos, int) and len(start_pos.variables()) != 1: return "flash attention of a latent cache takes a position of one variable"
   return None
 
-def flash_decode_latent(q: Tensor, rows: Tensor, start_pos: sint, *, scale: float, v_dim: int) -> Tensor:
-  """A decode step's absorbed latent attention (DeepSeek-style MLA): q [1, H, 1, D] (each head's q_nope through k_b,
-  then its rotated q_pe) over positions 0 .. start_pos of the fp16 latent cache rows [1, L, D] as written (ops/mla.py
-  LatentCache), its first v_dim columns the values: decode_latent.cu's parts, then their combine -> [1, H, 1, v_dim]
-  float32, softmax(q.row * scale) times the rows' values, as ops/mla.py's mla_attention (where `latent_refusal` is None)."""
+def flash_latent(q: Tensor, rows: Tensor, start_pos: sint, *, scale: float, v_dim: int) -> Tensor:
+  """Absorbed latent attention (DeepSeek-style MLA): q [1, H, T, D] (each head's q_nope through k_b, then its rotated q_pe;
+  row t at position start_pos + t, which sees positions 0 .. start_pos + t) over the fp16 latent cache rows [1, L, D] as
+  written (ops/mla.py LatentCache), their first v_dim columns the values: latent_attention.cu's parts, then their
+  combine -> [1, H, T, v_dim] float32, softmax(q.row * scale) times the rows' values, as ops/mla.py's mla_attention (where
+  `latent_refusal` is None). A decode step is T = 1; a prompt chunk's T * H rows share every read of a cache row."""
   if (why := latent_refusal(q, rows, start_pos, v_dim)) is not None: raise KernelRefused(why)
-  (_, h, _, d), positions = q.shape, rows.shape[1]
-  tiles = math.ceil(h / LATENT_HEADS)
+  (_, h, t, d), positions = q.shape, rows.shape[1]
+  tiles = math.ceil(t * h / LATENT_ROWS)
   parts = flash_decode_parts(tiles, positions, multiprocessors(q.device))
-  name = f"r_flash_latent_{h}x{d}x{v_dim}x{positions}"
-  code = source("decode_latent.cu", name, H=h, D=d, DV=v_dim, L=positions, PARTS=parts, SCALE=f"{float(scale)!r}f", SINKS=0,
-                THREADS=ATTENTION_THREADS, HT=LATENT_HEADS, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
-  qs = q.reshape(h, d).cast(dtypes.float16).contiguous()
-  part_sums = Tensor.empty(h, parts, v_dim + 2, dtype=dtypes.float32, device=q.device)
+  name = f"r_flash_latent_{h}x{t}x{d}x{v_dim}x{positions}"
+  code = source("latent_attention.cu", name, H=h, T=t, D=d, DV=v_dim, L=positions, PARTS=parts, SCALE=f"{float(scale)!r}f", SINKS=0,
+                THREADS=ATTENTION_THREADS, HT=LATENT_ROWS, **({"START_POS": start_pos} if isinstance(start_pos, int) else {}))
+  qs = q.reshape(h, t, d).permute(1, 0, 2).reshape(t * h, d).cast(dtypes.float16).contiguous()
+  part_sums = Tensor.empty(t * h, parts, v_dim + 2, dtype=dtypes.float32, device=q.device)
   part_sums = Tensor.custom_kernel(part_sums, qs, rows, fxn=program(f"{name}_parts", code, (parts, tiles, 1), (ATTENTION_THREADS, 1, 1),
-                                                                   2 * h * positions * (d + v_dim), _variables(start_pos)))[0]
-  return _combine(name, code, part_sums, None)
+                                                                   2 * t * h * positions * (d + v_dim), _variables(start_pos)))[0]
+  return _combine(name, code, part_sums, None).reshape(t, h, v_dim).permute(1, 0, 2).reshape(1, h, t, v_dim)
 
 def flash_prefill(q: Tensor, kv: tuple[Tensor, ...], start_pos: sint, *, scale: float, window: int | None = None,
                   sinks: Tensor | None = None, softcap: float | None = None) -> Tensor:

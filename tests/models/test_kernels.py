@@ -16,10 +16,12 @@ def test_what_each_kernel_takes_of_a_latent_attention_moe(on_a_gpu):
   uses = dict(kernels.hand_written(GGUFFile(synthesized("deepseek-v2-lite-tiny")), resolve(ALL), "CUDA"))
   assert uses == {"gemm mma": "Q4_0 words decoded by the kernel; Q4_0 experts' words decoded by the kernel, grouped by tile; F32 (routers): "
                               "tinygrad's",
-                  "decode_attention flash": "every layer, from the latent cache",
-                  "prefill_attention flash": "tinygrad's: a latent attention (MLA) cache"}
+                  "decode_attention flash": "every layer, from the latent cache (absorbed)",
+                  "prefill_attention flash": "every layer, from the latent cache (absorbed)"}
   with_values = dict(kernels.hand_written(GGUFFile(synthesized("deepseek-v2-lite-tiny")), resolve({**ALL, "mla_v_cache": True}), "CUDA"))
   assert with_values["decode_attention flash"] == "tinygrad's: the latent cache's values in a cache of their own (mla_v_cache)"
+  expanded = dict(kernels.hand_written(GGUFFile(synthesized("deepseek-v2-lite-tiny")), resolve({**ALL, "mla_prefill": "expanded"}), "CUDA"))
+  assert expanded["prefill_attention flash"] == "tinygrad's: the chunk's latent attention expanded to every head (mla_prefill)"
 
 def test_weights_without_words_are_dequantized_first_and_a_float_prefill_takes_no_mma(on_a_gpu):
   g = GGUFFile(synthesized("gpt-oss-20b-tiny"))

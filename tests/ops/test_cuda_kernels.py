@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 import ops.cuda as ops_cuda
 from ops.attention import attention, cache_positions
-from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_decode_latent, \
+from ops.cuda import GEMM_BLOCK_TYPES, GEMM_INT8_TYPES, GEMM_WORD_TYPES, KernelRefused, flash_decode, flash_latent, \
   flash_decode_parts, flash_prefill, flash_refusal, gemm_int8_words, gemm_mma, gemm_mma_applies, gemm_mma_blocks, gemm_mma_blocks_applies, \
   gemm_mma_source, gemm_mma_words, gemm_mma_words_applies, gemm_tile_rows, hint_refusal, latent_refusal, multiprocessors, source
 from ops.routing import ExpertGroups
@@ -54,7 +54,7 @@ def test_every_program_passes_tinygrads_tensor_spec(rng: np.random.Generator):
   for out in (gemm_mma(x, Tensor.empty(300, 96, dtype=dtypes.float16)), gemm_mma_words(x, "Q4_0", w.words, w.d),
               flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)),
               flash_prefill(Tensor.empty(1, 8, 100, 64), (kv,), pos, scale=0.125, window=50),
-              flash_decode_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1, v_dim=512),
+              flash_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1, v_dim=512),
               gemm_mma_blocks(x.pad(((0, 0), (0, 160))), "Q4_K", Tensor.empty(300, 1, 144, dtype=dtypes.uint8))):
     type_verify(out.uop.sink(), spec_tensor)
 
@@ -64,8 +64,8 @@ def test_every_programs_arguments_are_its_buffers_then_its_variables():
   kv, pos = Tensor.empty(2, 1, 2, 1024, 64, dtype=dtypes.float16), UOp.variable("decode_pos", 0, 1023).bind(5)
   for out, buffers in ((flash_decode(Tensor.empty(1, 8, 1, 64), (kv,), pos, scale=0.125, sinks=Tensor.empty(8)), (3, 3)),
                        (flash_prefill(Tensor.empty(1, 8, 100, 64), (kv[0], kv[1]), pos, scale=0.125, window=50), (4,)),
-                       (flash_decode_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1,
-                                            v_dim=512), (3, 2))):
+                       (flash_latent(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16), pos, scale=0.1,
+                                     v_dim=512), (3, 2))):
     for prg, n in zip(_programs(out), buffers):
       info = ProgramInfo.from_sink(prg.src[0])
       sig = [u.arg.slot for u in prg.src[1].src if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU] + [v.arg.slot for v in info.vars]
@@ -451,32 +451,38 @@ def test_flash_attention_against_tinygrads_attention(rng: np.random.Generator, h
     want = attention(q, kv[0], kv[1], at, **kw).numpy()
     np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)
 
-# flash decoding of a latent cache (decode_latent.cu)
+# flash attention of a latent cache (latent_attention.cu)
 
-def test_flash_decoding_of_a_latent_cache_is_parts_of_16_heads_and_their_combine():
+def test_flash_attention_of_a_latent_cache_is_parts_of_16_rows_and_their_combine():
+  """A decode step's 20 heads make two tiles of 16 rows, split into parts over the positions; a chunk's 100 rows of 20
+  heads make 125 tiles, enough blocks that its positions are not split."""
   q, rows = Tensor.empty(1, 20, 1, 576), Tensor.empty(1, 1024, 576, dtype=dtypes.float16)
-  parts, combine = _programs(flash_decode_latent(q, rows, UOp.variable("decode_pos", 0, 1023).bind(5), scale=0.1, v_dim=512))
+  parts, combine = _programs(flash_latent(q, rows, UOp.variable("decode_pos", 0, 1023).bind(5), scale=0.1, v_dim=512))
   p, c = ProgramInfo.from_sink(parts.src[0]), ProgramInfo.from_sink(combine.src[0])
   n = flash_decode_parts(2, 1024, multiprocessors(Device.DEFAULT))
-  assert (p.name, p.global_size, p.local_size, [v.expr for v in p.vars]) == ("r_flash_latent_20x576x512x1024_parts", (n, 2, 1), (128, 1, 1), ["decode_pos"])
+  assert (p.name, p.global_size, p.local_size, [v.expr for v in p.vars]) == ("r_flash_latent_20x1x576x512x1024_parts", (n, 2, 1), (128, 1, 1), ["decode_pos"])
   assert (c.global_size, c.local_size, c.ins) == ((20, 1, 1), (512, 1, 1), (1,))
+  chunk = flash_latent(Tensor.empty(1, 20, 100, 576), rows, UOp.variable("prefill_pos", 0, 924).bind(0), scale=0.1, v_dim=512)
+  parts, combine = _programs(chunk)
+  assert chunk.shape == (1, 20, 100, 512) and ProgramInfo.from_sink(parts.src[0]).global_size == (flash_decode_parts(125, 1024, multiprocessors(Device.DEFAULT)), 125, 1)
+  assert ProgramInfo.from_sink(combine.src[0]).global_size == (2000, 1, 1)
 
 @pytest.mark.parametrize("q, rows, v_dim, why", [
-  ((1, 16, 2, 576), (1, 64, 576), 512, "one query row"),
+  ((2, 16, 1, 576), (1, 64, 576), 512, "query rows of one sequence"),
   ((1, 16, 1, 576), (1, 64, 512), 512, "rows [1, L, D] of q's D"),
   ((1, 16, 1, 584), (1, 64, 584), 512, "rows of 16 to 640 in steps of 16"),
   ((1, 16, 1, 576), (1, 64, 576), 520, "up to 512 value columns in steps of 64"),
 ])
-def test_flash_decoding_of_a_latent_cache_refuses_what_it_does_not_take(q, rows, v_dim, why):
+def test_flash_attention_of_a_latent_cache_refuses_what_it_does_not_take(q, rows, v_dim, why):
   assert why in (latent_refusal(Tensor.empty(*q), Tensor.empty(*rows, dtype=dtypes.float16), 3, v_dim) or "")
   assert "fp16 cache" in latent_refusal(Tensor.empty(1, 16, 1, 576), Tensor.empty(1, 64, 576), 3, 512)
-  with pytest.raises(KernelRefused, match=re.escape(why)): flash_decode_latent(Tensor.empty(*q), Tensor.empty(*rows, dtype=dtypes.float16), 3, scale=1.0, v_dim=v_dim)
+  with pytest.raises(KernelRefused, match=re.escape(why)): flash_latent(Tensor.empty(*q), Tensor.empty(*rows, dtype=dtypes.float16), 3, scale=1.0, v_dim=v_dim)
 
 @nvcc
-@pytest.mark.parametrize("h, d, dv, start", [(16, 576, 512, None), (20, 576, 512, 7), (128, 576, 512, None)])
-def test_the_latent_flash_decoding_source_compiles_for_sm_90(tmp_path: Path, h, d, dv, start):
-  pos = start if start is not None else UOp.variable("decode_pos", 0, 4095).bind(3)
-  (parts, _) = _programs(flash_decode_latent(Tensor.empty(1, h, 1, d), Tensor.empty(1, 4096, d, dtype=dtypes.float16), pos, scale=0.1, v_dim=dv))
+@pytest.mark.parametrize("h, t, d, dv, start", [(16, 1, 576, 512, None), (20, 1, 576, 512, 7), (128, 1, 576, 512, None), (20, 512, 576, 512, None)])
+def test_the_latent_flash_attention_source_compiles_for_sm_90(tmp_path: Path, h, t, d, dv, start):
+  pos = start if start is not None else UOp.variable("decode_pos", 0, 4096 - t).bind(3)
+  (parts, _) = _programs(flash_latent(Tensor.empty(1, h, t, d), Tensor.empty(1, 4096, d, dtype=dtypes.float16), pos, scale=0.1, v_dim=dv))
   (cu := tmp_path / "k.cu").write_text(parts.src[2].arg)
   r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
   assert r.returncode == 0 and " 0 bytes spill stores" in r.stderr, r.stderr
@@ -494,9 +500,30 @@ def test_latent_flash_decoding_against_tinygrads_mla_attention(rng: np.random.Ge
   @TinyJit
   def step(q: Tensor, new: Tensor, p: UOp) -> Tensor:
     rows[:, p:p + 1, :].assign(new)
-    return flash_decode_latent(q, rows, p, scale=d ** -0.5, v_dim=dv).realize()
+    return flash_latent(q, rows, p, scale=d ** -0.5, v_dim=dv).realize()
   for at in (0, 5, 63, 200, 699):
     q = Tensor((rng.standard_normal((1, h, 1, d)) * 0.5).astype(np.float16).astype(np.float32)).realize()
     got = step(q, Tensor((rng.standard_normal((1, 1, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
+    want = mla_attention(q[..., :dv], q[..., dv:], rows, rows[..., :dv], at, scale=d ** -0.5).numpy()
+    np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)
+
+@on_gpu
+@pytest.mark.parametrize("h, d, dv", [(16, 576, 512), (20, 576, 512)])
+def test_latent_flash_attention_of_chunks_against_tinygrads_mla_attention(rng: np.random.Generator, h, d, dv):
+  """Prompt chunks of 100 rows (tiles of neighbouring positions' heads, the last partial) in a TinyJit at positions that
+  are no multiple of a tile, the chunk's cache rows written before: flash attention of the latent cache against
+  ops/mla.py's mla_attention of the same cache, q rounded to fp16 as both read it."""
+  from tinygrad import TinyJit
+  from ops.mla import mla_attention
+  L, T = cache_positions(700), 100
+  rows = Tensor((rng.standard_normal((1, L, d)) * 0.5).astype(np.float16)).realize()
+  pos = UOp.variable("prefill_pos", 0, L - T)
+  @TinyJit
+  def chunk(q: Tensor, new: Tensor, p: UOp) -> Tensor:
+    rows[:, p:p + T, :].assign(new)
+    return flash_latent(q, rows, p, scale=d ** -0.5, v_dim=dv).realize()
+  for at in (0, 37, 300, 600):
+    q = Tensor((rng.standard_normal((1, h, T, d)) * 0.5).astype(np.float16).astype(np.float32)).realize()
+    got = chunk(q, Tensor((rng.standard_normal((1, T, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
     want = mla_attention(q[..., :dv], q[..., dv:], rows, rows[..., :dv], at, scale=d ** -0.5).numpy()
     np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)

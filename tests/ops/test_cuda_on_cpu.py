@@ -11,7 +11,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import ProgramInfo, UOp
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
-from ops.cuda import flash_decode, flash_decode_latent, flash_prefill, gemm_int8_words, gemm_mma, gemm_mma_blocks, gemm_mma_words
+from ops.cuda import flash_decode, flash_latent, flash_prefill, gemm_int8_words, gemm_mma, gemm_mma_blocks, gemm_mma_words
 from ops.routing import ExpertGroups
 from quant.qtensor import QTensor
 from quant.random_blocks import random_blocks
@@ -86,21 +86,21 @@ def test_flash_decoding_on_the_cpu_against_float64(rng: np.random.Generator, tmp
     want = reference(q.astype(np.float16)[:, None], k, v, np.array([at]), sinks=sink, **kw)[:, 0]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
-@pytest.mark.parametrize("h, d, dv", [(20, 576, 512), (8, 80, 64)])
-def test_flash_decoding_of_a_latent_cache_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path, h: int, d: int, dv: int):
-  """DeepSeek's shapes (rows of the latent and its rope key, 512 value columns) with 20 heads (a tile of 16 and a partial
-  one), at positions that are no multiple of a part or tile; the weights rounded to fp16 as the kernel's mma.sync takes
-  them."""
+@pytest.mark.parametrize("h, t, d, dv", [(20, 1, 576, 512), (8, 1, 80, 64), (8, 7, 80, 64), (20, 3, 576, 512)])
+def test_flash_attention_of_a_latent_cache_on_the_cpu_against_float64(rng: np.random.Generator, tmp_path: Path, h: int, t: int, d: int, dv: int):
+  """DeepSeek's shapes (rows of the latent and its rope key, 512 value columns) with 20 heads (tiles of 16 rows and a
+  partial one), a decode step's row and a chunk's (whose tiles hold rows of neighbouring positions, each seeing its own),
+  at positions that are no multiple of a part or tile; the weights rounded to fp16 as the kernel's mma.sync takes them."""
   L = 256
   rows = (rng.standard_normal((L, d)) * 0.5).astype(np.float16)
-  parts, combine = _programs(flash_decode_latent(Tensor.empty(1, h, 1, d), Tensor.empty(1, L, d, dtype=dtypes.float16),
-                                                 UOp.variable("decode_pos", 0, L - 1).bind(0), scale=d ** -0.5, v_dim=dv))
+  parts, combine = _programs(flash_latent(Tensor.empty(1, h, t, d), Tensor.empty(1, L, d, dtype=dtypes.float16),
+                                          UOp.variable("decode_pos", 0, L - t).bind(0), scale=d ** -0.5, v_dim=dv))
   n_parts = ProgramInfo.from_sink(parts.src[0]).global_size[0]
   for at in (0, 37, 200):
-    q = (rng.standard_normal((h, d)) * 0.5).astype(np.float16)
-    p = emulate(parts, [np.zeros((h, n_parts, dv + 2), np.float32), q, rows], (at,), tmp_path)
-    out = emulate(combine, [np.zeros((h, dv), np.float32), p], (), tmp_path)
-    want = reference(q[:, None], rows[None], rows[None, :, :dv], np.array([at]), d ** -0.5, None, None, None)[:, 0]
+    q = (rng.standard_normal((h, t, d)) * 0.5).astype(np.float16)
+    p = emulate(parts, [np.zeros((t * h, n_parts, dv + 2), np.float32), q.transpose(1, 0, 2).reshape(t * h, d), rows], (at,), tmp_path)
+    out = emulate(combine, [np.zeros((t * h, dv), np.float32), p], (), tmp_path).reshape(t, h, dv).transpose(1, 0, 2)
+    want = reference(q, rows[None], rows[None, :, :dv], at + np.arange(t), d ** -0.5, None, None, None)
     np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
 
 @pytest.mark.parametrize("hq, hkv, d, dv, window, softcap, sinks", [(4, 2, 64, 64, None, None, False), (2, 1, 32, 16, 40, 30.0, True)])
