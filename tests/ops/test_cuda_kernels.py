@@ -464,7 +464,8 @@ def test_flash_attention_of_a_latent_cache_is_parts_of_16_rows_and_their_combine
   assert (c.global_size, c.local_size, c.ins) == ((20, 1, 1), (512, 1, 1), (1,))
   chunk = flash_latent(Tensor.empty(1, 20, 100, 576), rows, UOp.variable("prefill_pos", 0, 924).bind(0), scale=0.1, v_dim=512)
   parts, combine = _programs(chunk)
-  assert chunk.shape == (1, 20, 100, 512) and ProgramInfo.from_sink(parts.src[0]).global_size == (flash_decode_parts(125, 1024, multiprocessors(Device.DEFAULT)), 125, 1)
+  chunk_parts = flash_decode_parts(125, 1024, multiprocessors(Device.DEFAULT))
+  assert chunk.shape == (1, 20, 100, 512) and ProgramInfo.from_sink(parts.src[0]).global_size == (chunk_parts, 125, 1)
   assert ProgramInfo.from_sink(combine.src[0]).global_size == (2000, 1, 1)
 
 @pytest.mark.parametrize("q, rows, v_dim, why", [
@@ -489,41 +490,22 @@ def test_the_latent_flash_attention_source_compiles_for_sm_90(tmp_path: Path, h,
 
 @on_gpu
 @pytest.mark.parametrize("h, d, dv", [(16, 576, 512), (20, 576, 512)])
-def test_latent_flash_decoding_against_tinygrads_mla_attention(rng: np.random.Generator, h, d, dv):
-  """Decode steps of a TinyJit at positions that are no multiple of a part or tile, the latent cache row written before
-  each: flash decoding against ops/mla.py's mla_attention of the same cache, q rounded to fp16 as both read it."""
+@pytest.mark.parametrize("t, positions", [(1, (0, 5, 63, 200, 699)), (100, (0, 37, 300, 600))])
+def test_latent_flash_attention_against_tinygrads_mla_attention(rng: np.random.Generator, h, d, dv, t, positions):
+  """Decode steps, and prompt chunks of 100 rows (tiles of neighbouring positions' heads, the last partial), of a TinyJit
+  at positions that are no multiple of a part or tile, the step's cache rows written before: flash attention of the
+  latent cache against ops/mla.py's mla_attention of the same cache, q rounded to fp16 as both read it."""
   from tinygrad import TinyJit
   from ops.mla import mla_attention
   L = cache_positions(700)
   rows = Tensor((rng.standard_normal((1, L, d)) * 0.5).astype(np.float16)).realize()
-  pos = UOp.variable("decode_pos", 0, L - 1)
+  pos = UOp.variable("pos", 0, L - t)
   @TinyJit
   def step(q: Tensor, new: Tensor, p: UOp) -> Tensor:
-    rows[:, p:p + 1, :].assign(new)
+    rows[:, p:p + t, :].assign(new)
     return flash_latent(q, rows, p, scale=d ** -0.5, v_dim=dv).realize()
-  for at in (0, 5, 63, 200, 699):
-    q = Tensor((rng.standard_normal((1, h, 1, d)) * 0.5).astype(np.float16).astype(np.float32)).realize()
-    got = step(q, Tensor((rng.standard_normal((1, 1, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
-    want = mla_attention(q[..., :dv], q[..., dv:], rows, rows[..., :dv], at, scale=d ** -0.5).numpy()
-    np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)
-
-@on_gpu
-@pytest.mark.parametrize("h, d, dv", [(16, 576, 512), (20, 576, 512)])
-def test_latent_flash_attention_of_chunks_against_tinygrads_mla_attention(rng: np.random.Generator, h, d, dv):
-  """Prompt chunks of 100 rows (tiles of neighbouring positions' heads, the last partial) in a TinyJit at positions that
-  are no multiple of a tile, the chunk's cache rows written before: flash attention of the latent cache against
-  ops/mla.py's mla_attention of the same cache, q rounded to fp16 as both read it."""
-  from tinygrad import TinyJit
-  from ops.mla import mla_attention
-  L, T = cache_positions(700), 100
-  rows = Tensor((rng.standard_normal((1, L, d)) * 0.5).astype(np.float16)).realize()
-  pos = UOp.variable("prefill_pos", 0, L - T)
-  @TinyJit
-  def chunk(q: Tensor, new: Tensor, p: UOp) -> Tensor:
-    rows[:, p:p + T, :].assign(new)
-    return flash_latent(q, rows, p, scale=d ** -0.5, v_dim=dv).realize()
-  for at in (0, 37, 300, 600):
-    q = Tensor((rng.standard_normal((1, h, T, d)) * 0.5).astype(np.float16).astype(np.float32)).realize()
-    got = chunk(q, Tensor((rng.standard_normal((1, T, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
+  for at in positions:
+    q = Tensor((rng.standard_normal((1, h, t, d)) * 0.5).astype(np.float16).astype(np.float32)).realize()
+    got = step(q, Tensor((rng.standard_normal((1, t, d)) * 0.5).astype(np.float16)).realize(), pos.bind(at)).numpy()
     want = mla_attention(q[..., :dv], q[..., dv:], rows, rows[..., :dv], at, scale=d ** -0.5).numpy()
     np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)
